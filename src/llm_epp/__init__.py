@@ -1,0 +1,3 @@
+"""llm-epp: an Endpoint Picker for LLM inference pools."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,334 @@
+"""YAML -> schema -> plugins -> profiles -> Scheduler. Every problem is collected and reported with its
+YAML path (e.g. `plugins[2].parameters.maxNumOfEndpoints: unknown parameter`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from llm_epp.config.defaults import DEFAULT_CONFIG
+from llm_epp.config.schema import FEATURE_GATES, EndpointPickerConfigSpec
+from llm_epp.framework import (
+    Endpoint,
+    Filter,
+    Picker,
+    Plugin,
+    ProfileHandler,
+    Recorder,
+    Registry,
+    Scorer,
+)
+from llm_epp.framework.registry import PluginParamsError, UnknownPluginTypeError
+from llm_epp.framework.requestcontrol import (
+    Admission,
+    PrepareData,
+    PreRequest,
+    ResponseComplete,
+    ResponseReceived,
+)
+from llm_epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_PARSERS = ("openai-parser",)
+
+
+class ConfigError(ValueError):
+    """An invalid EndpointPickerConfig. `problems` lists every problem found, each with its YAML path."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid EndpointPickerConfig in {source}:\n{lines}")
+
+
+@dataclass
+class ProfileDescription:
+    name: str
+    filters: list[str]
+    scorers: list[tuple[str, float]]
+    picker: str
+
+
+@dataclass
+class LoadedConfig:
+    spec: EndpointPickerConfigSpec
+    scheduler: Scheduler
+    plugins: dict[str, Plugin]
+    plugin_types: dict[str, str]
+    plugin_params: dict[str, dict[str, Any]]
+    profiles: list[ProfileDescription]
+    handler_name: str
+    prepare_data: list[PrepareData] = field(default_factory=list)
+    admission: list[Admission] = field(default_factory=list)
+    pre_request: list[PreRequest] = field(default_factory=list)
+    response_received: list[ResponseReceived] = field(default_factory=list)
+    response_complete: list[ResponseComplete] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """A human-readable summary of the resolved configuration (`llm-epp config check`)."""
+        out = [f"profile handler: {self.handler_name} ({self.plugin_types[self.handler_name]})"]
+        out.append("plugins:")
+        for name, ptype in self.plugin_types.items():
+            params = self.plugin_params.get(name) or {}
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            out.append(f"  {name} ({ptype}){': ' + shown if shown else ''}")
+        for p in self.profiles:
+            out.append(f"profile {p.name}:")
+            for f in p.filters:
+                out.append(f"  filter {f}")
+            for s, w in p.scorers:
+                out.append(f"  scorer {s} weight {w:g}")
+            out.append(f"  picker {p.picker}")
+        return "\n".join(out)
+
+
+class _LoaderHandle:
+    def __init__(self, plugins: dict[str, Plugin], endpoints: Callable[[], Sequence[Endpoint]]) -> None:
+        self._plugins = plugins
+        self._endpoints = endpoints
+
+    def plugin(self, name: str) -> Plugin | None:
+        return self._plugins.get(name)
+
+    def endpoints(self) -> Sequence[Endpoint]:
+        return self._endpoints()
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+def _loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _schema_problems(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        where = _loc(e["loc"])
+        if e["type"] == "extra_forbidden":
+            problems.append(f"{where}: unknown field (check spelling; keys are camelCase, e.g. pluginRef)")
+        elif e["type"] == "literal_error":
+            problems.append(f"{where}: {e['msg']}")
+        else:
+            problems.append(f"{where}: {e['msg']}")
+    return problems
+
+
+def load_config(
+    path: str | Path,
+    registry: Registry,
+    recorder: Recorder,
+    endpoints: Callable[[], Sequence[Endpoint]] = tuple,
+) -> LoadedConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(str(p), [f"cannot read the file: {e.strerror}"]) from None
+    return load_config_text(text, registry, recorder, endpoints, source=str(p))
+
+
+def load_config_text(
+    text: str | None,
+    registry: Registry,
+    recorder: Recorder,
+    endpoints: Callable[[], Sequence[Endpoint]] = tuple,
+    source: str = "--config-text",
+) -> LoadedConfig:
+    if text is None or not text.strip():
+        text, source = DEFAULT_CONFIG, "the default configuration"
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
+    try:
+        spec = EndpointPickerConfigSpec.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(source, _schema_problems(err)) from None
+    return _build(spec, registry, recorder, endpoints, source)
+
+
+def _build(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    recorder: Recorder,
+    endpoints: Callable[[], Sequence[Endpoint]],
+    source: str,
+) -> LoadedConfig:
+    problems: list[str] = []
+    for i, gate in enumerate(spec.feature_gates):
+        if gate not in FEATURE_GATES:
+            problems.append(f"featureGates[{i}]: unknown feature gate {gate!r}; known: {', '.join(FEATURE_GATES)}")
+
+    plugins: dict[str, Plugin] = {}
+    types: dict[str, str] = {}
+    params: dict[str, dict[str, Any]] = {}
+    handle = _LoaderHandle(plugins, endpoints)
+    for i, ps in enumerate(spec.plugins):
+        name = ps.name or ps.type
+        if name in types:
+            problems.append(f"plugins[{i}].name: plugin name {name!r} is used twice; give each a unique name")
+            continue
+        try:
+            plugins[name] = registry.build(ps.type, name, ps.parameters, handle)
+        except UnknownPluginTypeError as e:
+            problems.append(f"plugins[{i}].type: {e}")
+            continue
+        except PluginParamsError as e:
+            for path, msg in e.problems:
+                problems.append(f"plugins[{i}].parameters{'.' + path if path else ''}: {msg}")
+            continue
+        types[name] = ps.type
+        params[name] = dict(ps.parameters or {})
+
+    profile_specs = [(p.name, [(r.plugin_ref, r.weight) for r in p.plugins]) for p in spec.scheduling_profiles]
+    if not profile_specs:
+        refs: list[tuple[str, float | None]] = [
+            (n, None) for n, p in plugins.items() if isinstance(p, (Filter, Scorer, Picker))
+        ]
+        profile_specs = [("default", refs)]
+
+    profiles: dict[str, SchedulerProfile] = {}
+    descriptions: list[ProfileDescription] = []
+    seen_profiles: set[str] = set()
+    for i, (pname, prefs) in enumerate(profile_specs):
+        where = f"schedulingProfiles[{i}]"
+        if pname in seen_profiles:
+            problems.append(f"{where}.name: profile name {pname!r} is used twice")
+            continue
+        seen_profiles.add(pname)
+        filters: list[Filter] = []
+        scorers: list[WeightedScorer] = []
+        pickers: list[Picker] = []
+        for j, (ref, weight) in enumerate(prefs):
+            plugin = plugins.get(ref)
+            if plugin is None:
+                if ref not in {s.name or s.type for s in spec.plugins}:
+                    problems.append(
+                        f"{where}.plugins[{j}].pluginRef: no plugin named {ref!r} is defined under plugins"
+                    )
+                continue
+            used = False
+            if isinstance(plugin, Filter):
+                filters.append(plugin)
+                used = True
+            if isinstance(plugin, Scorer):
+                scorers.append(WeightedScorer(plugin, 1.0 if weight is None else weight))
+                used = True
+            if isinstance(plugin, Picker):
+                pickers.append(plugin)
+                used = True
+            if not used:
+                problems.append(
+                    f"{where}.plugins[{j}].pluginRef: {ref!r} ({types[ref]}) is not a filter, scorer or picker"
+                )
+        if len(pickers) > 1:
+            names = ", ".join(p.typed_name.name for p in pickers)
+            problems.append(f"{where}.plugins: a profile may have only one picker, found {names}")
+            continue
+        if not pickers:
+            existing = [p for p in plugins.values() if isinstance(p, Picker)]
+            if existing:
+                pickers = existing[:1]
+            else:
+                auto = registry.build("max-score-picker", "max-score-picker", None, handle)
+                plugins["max-score-picker"] = auto
+                types["max-score-picker"] = "max-score-picker"
+                pickers = [auto]  # type: ignore[list-item]
+        picker = pickers[0]
+        profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder)
+        descriptions.append(
+            ProfileDescription(
+                pname,
+                [f.typed_name.name for f in filters],
+                [(s.scorer.typed_name.name, s.weight) for s in scorers],
+                picker.typed_name.name,
+            )
+        )
+
+    handlers = [p for p in plugins.values() if isinstance(p, ProfileHandler)]
+    handler: ProfileHandler | None = None
+    if len(handlers) > 1:
+        names = ", ".join(h.typed_name.name for h in handlers)
+        problems.append(f"plugins: only one profile handler may be configured, found {names}")
+    elif handlers:
+        handler = handlers[0]
+    elif len(profile_specs) == 1:
+        built = registry.build("single-profile-handler", "single-profile-handler", None, handle)
+        assert isinstance(built, ProfileHandler)
+        handler = built
+        plugins["single-profile-handler"] = built
+        types["single-profile-handler"] = "single-profile-handler"
+    else:
+        problems.append(
+            f"schedulingProfiles: {len(profile_specs)} profiles need a profile handler plugin that can run them"
+        )
+    max_profiles = getattr(handler, "max_profiles", None)
+    if handler is not None and max_profiles is not None and len(profile_specs) > max_profiles:
+        problems.append(
+            f"schedulingProfiles: {handler.typed_name.type} runs exactly {max_profiles} profile, "
+            f"but {len(profile_specs)} are configured"
+        )
+
+    if spec.parser is not None and spec.parser.plugin_ref not in _SUPPORTED_PARSERS:
+        ref = spec.parser.plugin_ref
+        if types.get(ref) not in _SUPPORTED_PARSERS:
+            problems.append(f"parser.pluginRef: {ref!r} is not supported; use one of {', '.join(_SUPPORTED_PARSERS)}")
+    if spec.saturation_detector is not None and spec.saturation_detector.plugin_ref not in plugins:
+        problems.append(
+            f"saturationDetector.pluginRef: no plugin named {spec.saturation_detector.plugin_ref!r} is defined"
+        )
+    if spec.data_layer is not None:
+        for i, src in enumerate(spec.data_layer.sources):
+            if src.plugin_ref not in plugins:
+                problems.append(f"dataLayer.sources[{i}].pluginRef: no plugin named {src.plugin_ref!r} is defined")
+            for j, ex in enumerate(src.extractors):
+                if ex.plugin_ref not in plugins:
+                    problems.append(
+                        f"dataLayer.sources[{i}].extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r}"
+                        " is defined"
+                    )
+
+    if problems:
+        raise ConfigError(source, problems)
+    assert handler is not None
+    loaded = LoadedConfig(
+        spec=spec,
+        scheduler=Scheduler(handler, profiles, recorder),
+        plugins=plugins,
+        plugin_types=types,
+        plugin_params=params,
+        profiles=descriptions,
+        handler_name=handler.typed_name.name,
+    )
+    for p in plugins.values():
+        if isinstance(p, PrepareData):
+            loaded.prepare_data.append(p)
+        if isinstance(p, Admission):
+            loaded.admission.append(p)
+        if isinstance(p, PreRequest):
+            loaded.pre_request.append(p)
+        if isinstance(p, ResponseReceived):
+            loaded.response_received.append(p)
+        if isinstance(p, ResponseComplete):
+            loaded.response_complete.append(p)
+    return loaded

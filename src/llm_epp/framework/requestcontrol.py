@@ -1,0 +1,91 @@
+"""Request-control extension points, run by the director around scheduling. They are `async def` and
+run under deadlines; PreRequest and the response hooks must not block the event loop.
+
+Pairing rule: a plugin that reserves something in `pre_request` releases it in `response_complete`.
+The director calls `response_complete` exactly once for every request that reached `pre_request`,
+whether it completed, failed, or the client went away; releases must still be idempotent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.types import Endpoint, InferenceRequest, SchedulingResult
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInfo:
+    """What is known of the model server's response when a response hook runs."""
+
+    status: int = 0
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    served_endpoint: str = ""
+    usage: Usage | None = None
+    streaming: bool = False
+    # Set on completion: False when the stream ended before the response finished (cancel, error).
+    complete: bool = False
+
+
+@runtime_checkable
+class PrepareData(Protocol):
+    """Computes per-request data for the candidates before scheduling (e.g. prefix matches)."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    async def prepare_data(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
+
+
+@runtime_checkable
+class Admission(Protocol):
+    """Returns None to admit, or a reason string to refuse the request."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    async def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
+
+
+@runtime_checkable
+class PreRequest(Protocol):
+    """Runs after a successful schedule, before the request is sent to the endpoint."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class ResponseReceived(Protocol):
+    """Runs when the model server's response headers arrive."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def response_received(
+        self, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseComplete(Protocol):
+    """Runs exactly once per scheduled request when it ends, successfully or not."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def response_complete(
+        self, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None: ...

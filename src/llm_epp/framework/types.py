@@ -1,0 +1,173 @@
+"""Protocol-free domain objects shared by the scheduling core, plugins and the request director.
+
+All are frozen: a scheduling cycle works on an immutable snapshot, so plugins never see a partial update.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+def _empty() -> Mapping[Any, Any]:
+    return _EMPTY
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EndpointKey:
+    """Identity of an endpoint: the reference's NamespacedName (`<pod>-rank-<idx>` in Kubernetes)."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+def join_host_port(host: str, port: int) -> str:
+    """`ip:port`, with IPv6 addresses bracketed (Go's net.JoinHostPort)."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def split_host_port(value: str) -> tuple[str, int | None]:
+    """Inverse of `join_host_port`; the port is None when absent. Raises ValueError on a bad port."""
+    value = value.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else None
+    if value.count(":") == 1:
+        host, _, port = value.partition(":")
+        return host, int(port)
+    return value, None
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetadata:
+    """Where an endpoint is and what it runs. Changes only when discovery says so."""
+
+    key: EndpointKey
+    address: str
+    port: int
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    engine: str = "vllm"
+    metrics_path: str = "/metrics"
+    metrics_port: int | None = None
+    hostport: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hostport", join_host_port(self.address, self.port))
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """What the model server last reported. `update_time` is a monotonic timestamp (0 = never scraped)."""
+
+    waiting_queue_size: int = 0
+    running_requests: int = 0
+    kv_cache_usage: float = 0.0
+    active_models: frozenset[str] = frozenset()
+    waiting_models: frozenset[str] = frozenset()
+    max_active_models: int = 0
+    cache_block_size: int = 0
+    cache_num_blocks: int = 0
+    update_time: float = 0.0
+
+
+EMPTY_METRICS = Metrics()
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A read-only view of one endpoint for one scheduling cycle: metadata, metrics, and attributes
+    produced by data-producer plugins (keyed by attribute name)."""
+
+    metadata: EndpointMetadata
+    metrics: Metrics = EMPTY_METRICS
+    attributes: Mapping[str, Any] = field(default_factory=_empty)
+
+    @property
+    def key(self) -> EndpointKey:
+        return self.metadata.key
+
+    @property
+    def hostport(self) -> str:
+        return self.metadata.hostport
+
+
+class ApiKind(enum.Enum):
+    """The OpenAI-style API a request body belongs to (detected from the path, as the reference does)."""
+
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat_completions"
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+    EMBEDDINGS = "embeddings"
+    NONE = "none"  # no body (GET /v1/models, health checks)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    """The parsed request body. `payload` is the decoded JSON object (do not mutate it)."""
+
+    api: ApiKind
+    payload: Mapping[str, Any] = field(default_factory=_empty)
+    stream: bool = False
+    cache_salt: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """One inference request as the scheduler sees it."""
+
+    request_id: str
+    incoming_model: str
+    target_model: str
+    body: RequestBody
+    headers: Mapping[str, str] = field(default_factory=_empty)
+    priority: int = 0
+    objective: str = ""
+    fairness_id: str = "default-flow"
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    """A profile's decision: target endpoints in order of preference (first = primary).
+
+    `scores` holds, per endpoint key, the total and every scorer's weighted contribution, for explaining
+    decisions; empty when the profile had no scorers."""
+
+    target_endpoints: tuple[Endpoint, ...]
+    scores: Mapping[EndpointKey, Mapping[str, float]] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    profile_results: Mapping[str, ProfileResult | None]
+    primary_profile_name: str
+
+    @property
+    def primary(self) -> ProfileResult | None:
+        return self.profile_results.get(self.primary_profile_name)

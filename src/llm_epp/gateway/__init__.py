@@ -1,0 +1,1 @@
+"""Gateway-side helpers: configuration for the Envoy proxy that calls the EPP."""

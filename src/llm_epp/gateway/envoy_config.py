@@ -1,0 +1,572 @@
+"""Envoy bootstrap for the ext_proc gateway in front of the EPP (``llm-epp envoy-config``).
+
+Design: the bootstrap is assembled from small plain-dict builder functions, one per block (admin,
+listener + HTTP connection manager, header-mutation filter, ext_proc filter, ``epp`` cluster, ``pool``
+cluster, ``pool-fallback`` cluster).  Plain dicts read like Envoy's documentation and are exactly what is
+printed, so the output diffs cleanly against Envoy examples.  Before anything is printed, :func:`validate`
+round-trips the dict through ``google.protobuf.json_format.ParseDict`` into the xds-protos ``Bootstrap``
+message (every extension type used in a ``typed_config`` is imported below), which rejects misspelt
+fields and enum names in milliseconds without an Envoy binary.  Envoy's own cross-field rules (for
+example "FULL_DUPLEX_STREAMED needs trailer mode SEND") are enforced by ``envoy --mode validate``, which
+the test suite runs over every variant.  envoy-data-plane is deliberately not used (slow import, large
+dependency set, no extra checks that matter here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ipaddress
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Every message that appears behind an ``@type`` must be registered in the default descriptor pool
+# before ``ParseDict`` can resolve it; importing the generated modules does that.
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
+    http_connection_manager_pb2,
+)
+from envoy.extensions.resource_monitors.downstream_connections.v3 import (  # noqa: F401
+    downstream_connections_pb2,
+)
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import json_format
+
+__all__ = [
+    "DESTINATION_HEADER",
+    "EPP_CLUSTER",
+    "FALLBACK_CLUSTER",
+    "LB_NAMESPACE",
+    "POOL_CLUSTER",
+    "SERVED_HEADER",
+    "SUBSET_HINT_NAMESPACE",
+    "EnvoyConfigOptions",
+    "add_arguments",
+    "build_bootstrap",
+    "options_from_args",
+    "parse_endpoint",
+    "render",
+    "run",
+    "validate",
+]
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_HEADER = "x-gateway-destination-endpoint-served"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+EPP_CLUSTER = "epp"
+POOL_CLUSTER = "pool"
+FALLBACK_CLUSTER = "pool-fallback"
+
+_TYPE = "type.googleapis.com/"
+_HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_HEADER_MUTATION_TYPE = _TYPE + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+_ROUTER_TYPE = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
+_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_HTTP_OPTIONS_TYPE = _TYPE + _HTTP_OPTIONS_KEY
+_UPSTREAM_TLS_TYPE = _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_DOWNSTREAM_CONNECTIONS_TYPE = (
+    _TYPE + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+)
+
+FAILURE_MODES = ("FailOpen", "FailClose")
+REQUEST_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
+RESPONSE_BODY_MODES = ("NONE", "FULL_DUPLEX_STREAMED")
+RESPONSE_HEADER_MODES = ("SEND", "SKIP")
+ROUTING_MODES = ("metadata", "header")
+
+# Envoy's default circuit breakers cap a cluster at 1024 concurrent requests; every in-flight LLM request
+# holds one ext_proc stream and one upstream request, so lift the caps well above realistic concurrency.
+def _circuit_breakers() -> dict[str, Any]:
+    limit = 100000
+    return {"thresholds": [{"max_connections": limit, "max_pending_requests": limit, "max_requests": limit}]}
+
+
+_CONNECT_TIMEOUT = "1s"
+_MAX_DOWNSTREAM_CONNECTIONS = 50000
+_MAX_MESSAGE_TIMEOUT_S = 3600.0  # proto-validate limit on ExternalProcessor.message_timeout
+
+
+@dataclass(frozen=True)
+class EnvoyConfigOptions:
+    """Inputs of :func:`build_bootstrap`; invalid values raise ``ValueError`` on construction."""
+
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 8081
+    admin_address: str = "127.0.0.1"
+    admin_port: int = 19000
+    epp_address: str = "127.0.0.1"
+    epp_port: int = 9002
+    epp_tls: bool = True
+    failure_mode: str = "FailOpen"
+    request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    response_body_mode: str = "NONE"
+    response_header_mode: str = "SEND"
+    routing: str = "metadata"
+    fallback_endpoints: tuple[str, ...] = ()
+    no_epp: bool = False
+    message_timeout_s: float = 1000.0
+    grpc_timeout_s: float = 10.0
+    route_timeout_s: float = 86400.0
+    max_request_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _choice("failure_mode", self.failure_mode, FAILURE_MODES)
+        _choice("request_body_mode", self.request_body_mode, REQUEST_BODY_MODES)
+        _choice("response_body_mode", self.response_body_mode, RESPONSE_BODY_MODES)
+        _choice("response_header_mode", self.response_header_mode, RESPONSE_HEADER_MODES)
+        _choice("routing", self.routing, ROUTING_MODES)
+        for name in ("listen_port", "admin_port", "epp_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {port}")
+        for name in ("listen_address", "admin_address", "epp_address"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        for endpoint in self.fallback_endpoints:
+            parse_endpoint(endpoint)
+        if self.no_epp and not self.fallback_endpoints:
+            raise ValueError("no_epp (--no-epp) needs fallback endpoints (--endpoints ip:port,...)")
+        if not 0 < self.message_timeout_s <= _MAX_MESSAGE_TIMEOUT_S:
+            raise ValueError(f"message timeout must be in (0, 3600] seconds, got {self.message_timeout_s}")
+        for name in ("grpc_timeout_s", "route_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0 < self.max_request_bytes < 2**32:
+            raise ValueError(f"max_request_bytes must be in 1..{2**32 - 1}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """Split ``"ip:port"``, ``"host:port"`` or ``"[v6]:port"``; raise ``ValueError`` if malformed."""
+    text = endpoint.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"endpoint {endpoint!r} is not in the form ip:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not isinstance(_ip_or_none(host), ipaddress.IPv6Address):
+            raise ValueError(f"endpoint {endpoint!r}: {host!r} is not an IPv6 address")
+    elif ":" in host:
+        raise ValueError(f"endpoint {endpoint!r}: write IPv6 addresses as [addr]:port")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"endpoint {endpoint!r}: port must be in 1..65535")
+    return host, port
+
+
+def _ip_or_none(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _duration(seconds: float) -> str:
+    """Proto3 JSON duration string: ``10s``, ``0.25s``."""
+    text = f"{seconds:.9f}".rstrip("0").rstrip(".")
+    return f"{text}s"
+
+
+def _socket_address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _load_assignment(cluster_name: str, endpoints: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "cluster_name": cluster_name,
+        "endpoints": [
+            {"lb_endpoints": [{"endpoint": {"address": _socket_address(h, p)}} for h, p in endpoints]}
+        ],
+    }
+
+
+def _static_or_dns(hosts: list[str]) -> dict[str, Any]:
+    if all(_ip_or_none(h) is not None for h in hosts):
+        return {"type": "STATIC"}
+    return {"type": "STRICT_DNS", "dns_lookup_family": "V4_PREFERRED"}
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+
+def admin_block(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    return {"address": _socket_address(opts.admin_address, opts.admin_port)}
+
+
+def overload_manager_block() -> dict[str, Any]:
+    """A global downstream connection cap (Envoy warns at startup when none is configured)."""
+    return {
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": _DOWNSTREAM_CONNECTIONS_TYPE,
+                    "max_active_downstream_connections": _MAX_DOWNSTREAM_CONNECTIONS,
+                },
+            }
+        ]
+    }
+
+
+def header_mutation_filter() -> dict[str, Any]:
+    """Strip client-sent routing headers so a client can never pick the endpoint itself."""
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": _HEADER_MUTATION_TYPE,
+            "mutations": {
+                "request_mutations": [{"remove": DESTINATION_HEADER}, {"remove": SERVED_HEADER}],
+            },
+        },
+    }
+
+
+def ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    response_streamed = opts.response_body_mode == "FULL_DUPLEX_STREAMED"
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": _EXT_PROC_TYPE,
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": EPP_CLUSTER},
+                "timeout": _duration(opts.grpc_timeout_s),
+            },
+            "failure_mode_allow": opts.failure_mode == "FailOpen",
+            "message_timeout": _duration(opts.message_timeout_s),
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": opts.request_body_mode,
+                # Envoy rejects FULL_DUPLEX_STREAMED unless the matching trailer mode is SEND.
+                "request_trailer_mode": "SEND",
+                "response_header_mode": opts.response_header_mode,
+                "response_body_mode": opts.response_body_mode,
+                "response_trailer_mode": "SEND" if response_streamed else "SKIP",
+            },
+            "metadata_options": {
+                # Without receiving_namespaces Envoy drops the EPP's envoy.lb dynamic metadata.
+                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_HINT_NAMESPACE]},
+            },
+        },
+    }
+
+
+def router_filter() -> dict[str, Any]:
+    return {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}
+
+
+def _route(name: str, match: dict[str, Any], cluster: str, opts: EnvoyConfigOptions) -> dict[str, Any]:
+    return {
+        "name": name,
+        "match": match,
+        "route": {
+            "cluster": cluster,
+            "timeout": _duration(opts.route_timeout_s),
+            "idle_timeout": _duration(opts.route_timeout_s),
+        },
+        # Tells the EPP (on response_headers) which endpoint actually served the request.
+        "response_headers_to_add": [
+            {
+                "header": {"key": SERVED_HEADER, "value": "%UPSTREAM_HOST%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ],
+    }
+
+
+def _picked_match(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    """Match only requests for which the EPP named an endpoint."""
+    if opts.routing == "metadata":
+        return {
+            "prefix": "/",
+            "dynamic_metadata": [
+                {
+                    "filter": LB_NAMESPACE,
+                    "path": [{"key": DESTINATION_HEADER}],
+                    "value": {"present_match": True},
+                }
+            ],
+        }
+    return {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]}
+
+
+def routes_block(opts: EnvoyConfigOptions) -> list[dict[str, Any]]:
+    if opts.no_epp:
+        return [_route("round-robin", {"prefix": "/"}, POOL_CLUSTER, opts)]
+    if not opts.fallback_endpoints:
+        return [_route("epp-picked", {"prefix": "/"}, POOL_CLUSTER, opts)]
+    # The EPP answers with clear_route_cache: true, so routes are matched again after its decision.
+    return [
+        _route("epp-picked", _picked_match(opts), POOL_CLUSTER, opts),
+        _route("fallback", {"prefix": "/"}, FALLBACK_CLUSTER, opts),
+    ]
+
+
+def http_connection_manager(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    if opts.no_epp:
+        http_filters = [router_filter()]
+    else:
+        http_filters = [header_mutation_filter(), ext_proc_filter(opts), router_filter()]
+    return {
+        "@type": _HCM_TYPE,
+        "stat_prefix": "gateway",
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": "gateway",
+            "virtual_hosts": [{"name": "inference-pool", "domains": ["*"], "routes": routes_block(opts)}],
+        },
+        "http_filters": http_filters,
+    }
+
+
+def listener_block(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    listener: dict[str, Any] = {
+        "name": "gateway",
+        "address": _socket_address(opts.listen_address, opts.listen_port),
+    }
+    if not opts.no_epp and opts.request_body_mode == "BUFFERED":
+        # BUFFERED bodies above the 1 MiB default would be answered with 413.
+        listener["per_connection_buffer_limit_bytes"] = opts.max_request_bytes
+    listener["filter_chains"] = [
+        {
+            "filters": [
+                {
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": http_connection_manager(opts),
+                }
+            ]
+        }
+    ]
+    return listener
+
+
+def epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": EPP_CLUSTER,
+        **_static_or_dns([opts.epp_address]),
+        "connect_timeout": _CONNECT_TIMEOUT,
+        "circuit_breakers": _circuit_breakers(),
+        # gRPC needs HTTP/2 to the upstream.
+        "typed_extension_protocol_options": {
+            _HTTP_OPTIONS_KEY: {
+                "@type": _HTTP_OPTIONS_TYPE,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": _load_assignment(EPP_CLUSTER, [(opts.epp_address, opts.epp_port)]),
+    }
+    if opts.epp_tls:
+        tls: dict[str, Any] = {
+            "@type": _UPSTREAM_TLS_TYPE,
+            # Empty validation context: the EPP's self-signed certificate is accepted.
+            "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {}},
+        }
+        if _ip_or_none(opts.epp_address) is None:
+            tls["sni"] = opts.epp_address
+        cluster["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": tls}
+    return cluster
+
+
+def pool_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    """ORIGINAL_DST cluster: connects to whichever ip:port the EPP named."""
+    if opts.routing == "metadata":
+        lb_config: dict[str, Any] = {
+            "metadata_key": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]},
+        }
+    else:
+        lb_config = {"use_http_header": True, "http_header_name": DESTINATION_HEADER}
+    return {
+        "name": POOL_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": _CONNECT_TIMEOUT,
+        "circuit_breakers": _circuit_breakers(),
+        "original_dst_lb_config": lb_config,
+    }
+
+
+def round_robin_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
+    parsed = [parse_endpoint(e) for e in endpoints]
+    return {
+        "name": name,
+        **_static_or_dns([h for h, _ in parsed]),
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": _CONNECT_TIMEOUT,
+        "circuit_breakers": _circuit_breakers(),
+        "load_assignment": _load_assignment(name, parsed),
+    }
+
+
+def build_bootstrap(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    """The whole Envoy bootstrap as a plain dict (snake_case field names, durations as strings)."""
+    if opts.no_epp:
+        clusters = [round_robin_cluster(POOL_CLUSTER, opts.fallback_endpoints)]
+    else:
+        clusters = [epp_cluster(opts), pool_cluster(opts)]
+        if opts.fallback_endpoints:
+            clusters.append(round_robin_cluster(FALLBACK_CLUSTER, opts.fallback_endpoints))
+    return {
+        "admin": admin_block(opts),
+        "static_resources": {"listeners": [listener_block(opts)], "clusters": clusters},
+        "overload_manager": overload_manager_block(),
+    }
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """Parse ``doc`` into the xds-protos ``Bootstrap``; ``ValueError`` names the offending field."""
+    try:
+        # ParseDict re-inserts "@type" keys at the end of Any dicts; keep the caller's dict untouched.
+        json_format.ParseDict(copy.deepcopy(doc), bootstrap_pb2.Bootstrap())
+    except json_format.ParseError as exc:
+        # Keep the field path; drop protobuf's long "Available Fields" listing.
+        message = str(exc).split("\n Available Fields", 1)[0].rstrip(".")
+        message = re.sub(r"^(Failed to parse \w+ field: )+", "", message)
+        raise ValueError(f"invalid Envoy bootstrap: {message}") from exc
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """SafeDumper that writes repeated sub-dicts out in full instead of as YAML anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(doc: dict[str, Any], fmt: str = "yaml") -> str:
+    if fmt == "yaml":
+        return yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False)
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    raise ValueError(f"unknown format {fmt!r} (yaml or json)")
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+_DEFAULTS = EnvoyConfigOptions()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the ``llm-epp envoy-config`` subcommand."""
+    d = _DEFAULTS
+    g = parser.add_argument_group("listener and admin")
+    g.add_argument("--listen-address", default=d.listen_address, help="gateway listener address")
+    g.add_argument("--listen-port", type=int, default=d.listen_port, help="gateway listener port")
+    g.add_argument("--admin-address", default=d.admin_address, help="Envoy admin address")
+    g.add_argument("--admin-port", type=int, default=d.admin_port, help="Envoy admin port")
+    g = parser.add_argument_group("EPP (ext_proc)")
+    g.add_argument("--epp-address", default=d.epp_address, help="EPP gRPC address (IP or DNS name)")
+    g.add_argument("--epp-port", type=int, default=d.epp_port, help="EPP gRPC port")
+    g.add_argument(
+        "--epp-tls",
+        action=argparse.BooleanOptionalAction,
+        default=d.epp_tls,
+        help="connect to the EPP over TLS without verifying its certificate",
+    )
+    g.add_argument(
+        "--failure-mode",
+        choices=FAILURE_MODES,
+        default=d.failure_mode,
+        help="FailOpen: route without the EPP when it is unreachable; FailClose: answer 500",
+    )
+    g.add_argument("--request-body-mode", choices=REQUEST_BODY_MODES, default=d.request_body_mode)
+    g.add_argument("--response-body-mode", choices=RESPONSE_BODY_MODES, default=d.response_body_mode)
+    g.add_argument("--response-header-mode", choices=RESPONSE_HEADER_MODES, default=d.response_header_mode)
+    g.add_argument(
+        "--message-timeout",
+        type=float,
+        default=d.message_timeout_s,
+        metavar="SECONDS",
+        help="ext_proc per-message timeout (must cover EPP queueing time)",
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=d.max_request_bytes,
+        help="largest request body with --request-body-mode BUFFERED",
+    )
+    g = parser.add_argument_group("upstream routing")
+    g.add_argument(
+        "--routing",
+        choices=ROUTING_MODES,
+        default=d.routing,
+        help="how Envoy reads the EPP's choice: envoy.lb dynamic metadata or the request header",
+    )
+    g.add_argument(
+        "--endpoints",
+        default="",
+        metavar="IP:PORT,...",
+        help="fallback endpoints (round robin) used when the EPP made no decision",
+    )
+    g.add_argument(
+        "--no-epp",
+        action="store_true",
+        help="plain round robin over --endpoints without ext_proc (baseline)",
+    )
+    g = parser.add_argument_group("output")
+    g.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    g.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+
+
+def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
+    endpoints = tuple(e.strip() for e in (args.endpoints or "").split(",") if e.strip())
+    values = {
+        "listen_address": args.listen_address,
+        "listen_port": args.listen_port,
+        "admin_address": args.admin_address,
+        "admin_port": args.admin_port,
+        "epp_address": args.epp_address,
+        "epp_port": args.epp_port,
+        "epp_tls": args.epp_tls,
+        "failure_mode": args.failure_mode,
+        "request_body_mode": args.request_body_mode,
+        "response_body_mode": args.response_body_mode,
+        "response_header_mode": args.response_header_mode,
+        "routing": args.routing,
+        "fallback_endpoints": endpoints,
+        "no_epp": args.no_epp,
+        "message_timeout_s": args.message_timeout,
+        "max_request_bytes": args.max_request_bytes,
+    }
+    return EnvoyConfigOptions(**values)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, validate and print (or write) the bootstrap. 0 = ok, 1 = I/O or internal error, 2 = usage."""
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        print(f"llm-epp envoy-config: error: {exc}", file=sys.stderr)
+        return 2
+    doc = build_bootstrap(opts)
+    try:
+        validate(doc)
+    except ValueError as exc:  # a bug in the builders, not a user error
+        print(f"llm-epp envoy-config: internal error: {exc}", file=sys.stderr)
+        return 1
+    text = render(doc, args.format)
+    if args.format == "yaml":
+        text = "# Envoy bootstrap generated by `llm-epp envoy-config`\n" + text
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"llm-epp envoy-config: error: cannot write {args.output}: {exc}", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,139 @@
+"""One scheduling profile: filters narrow the candidates, weighted scorers rank them, a picker chooses.
+
+Plugin failures are isolated: a failing filter passes its input through, a failing scorer adds nothing,
+a failing picker falls back to a random candidate. Each is logged and counted via the Recorder."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm_epp.framework import (
+    CycleState,
+    Endpoint,
+    EndpointKey,
+    Filter,
+    InferenceRequest,
+    Picker,
+    ProfileResult,
+    Recorder,
+    ScoredEndpoint,
+    Scorer,
+)
+
+log = logging.getLogger(__name__)
+
+_perf = time.perf_counter
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float = 1.0
+
+
+class SchedulerProfile:
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Filter],
+        scorers: Sequence[WeightedScorer],
+        picker: Picker,
+        recorder: Recorder,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.filters = tuple(filters)
+        self.scorers = tuple(scorers)
+        self.picker = picker
+        self._recorder = recorder
+        self._rng = rng or random.Random()
+
+    def run(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> ProfileResult | None:
+        """Returns None when the filters leave no endpoint."""
+        candidates = self._filter(cycle, request, endpoints)
+        if not candidates:
+            return None
+        scored, breakdown = self._score(cycle, request, candidates)
+        return self._pick(cycle, scored, breakdown)
+
+    def _filter(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        rec = self._recorder
+        for f in self.filters:
+            start = _perf()
+            try:
+                endpoints = f.filter(cycle, request, endpoints)
+            except Exception:
+                log.exception("filter_failed plugin=%s", f.typed_name)
+                rec.plugin_error("Filter", f.typed_name)
+            rec.plugin_duration("Filter", f.typed_name, _perf() - start)
+            if not endpoints:
+                return endpoints
+        return endpoints
+
+    def _score(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> tuple[list[ScoredEndpoint], dict[EndpointKey, dict[str, float]]]:
+        rec = self._recorder
+        totals = dict.fromkeys((e.key for e in candidates), 0.0)
+        breakdown: dict[EndpointKey, dict[str, float]] = {k: {} for k in totals}
+        for ws in self.scorers:
+            scorer = ws.scorer
+            start = _perf()
+            try:
+                scores = scorer.score(cycle, request, candidates)
+            except Exception:
+                log.exception("scorer_failed plugin=%s", scorer.typed_name)
+                rec.plugin_error("Scorer", scorer.typed_name)
+                scores = {}
+            rec.plugin_duration("Scorer", scorer.typed_name, _perf() - start)
+            label = scorer.typed_name.name
+            for key in totals:
+                raw = scores.get(key, 0.0)
+                value = _clamp(raw)
+                if value != raw:
+                    rec.score_out_of_range(scorer.typed_name)
+                weighted = value * ws.weight
+                totals[key] += weighted
+                breakdown[key][label] = weighted
+        for key, total in totals.items():
+            breakdown[key]["total"] = total
+        scored = [ScoredEndpoint(e, totals[e.key]) for e in candidates]
+        return scored, breakdown
+
+    def _pick(
+        self,
+        cycle: CycleState,
+        scored: list[ScoredEndpoint],
+        breakdown: dict[EndpointKey, dict[str, float]],
+    ) -> ProfileResult:
+        rec = self._recorder
+        start = _perf()
+        try:
+            result = self.picker.pick(cycle, scored)
+        except Exception:
+            log.exception("picker_failed plugin=%s", self.picker.typed_name)
+            rec.plugin_error("Picker", self.picker.typed_name)
+            result = ProfileResult((self._rng.choice(scored).endpoint,))
+        rec.plugin_duration("Picker", self.picker.typed_name, _perf() - start)
+        if not result.target_endpoints:
+            return result
+        return ProfileResult(result.target_endpoints, breakdown)
+
+
+def _clamp(value: float) -> float:
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return 0.0
+    if value < 0.0:
+        return 0.0
+    if value > 1.0:
+        return 1.0
+    return float(value)
