@@ -1,0 +1,3 @@
+from llm_epp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Composition root: builds the datastore, discovery, config, scheduler, director and servers, runs them
+in one asyncio TaskGroup, and stops gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
+from llm_epp.datalayer import Datastore
+from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
+from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.observability import (
+    HealthState,
+    MetricsServer,
+    PrometheusRecorder,
+    add_health_service,
+    configure_logging,
+    start_health_server,
+)
+from llm_epp.options import Options
+from llm_epp.plugins import builtin_registry
+from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
+from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
+
+log = logging.getLogger("llm_epp")
+
+GRPC_SERVER_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+)
+
+
+class StartupError(Exception):
+    """A problem that stops the EPP from starting; the message says how to fix it."""
+
+
+@dataclass
+class Components:
+    datastore: Datastore
+    recorder: PrometheusRecorder
+    config: LoadedConfig
+    director: Director
+    servicer: ExtProcServicer
+    health: HealthState
+    file_watcher: EndpointsFileWatcher | None
+
+
+def build(opts: Options) -> Components:
+    """Everything that does not listen on a port. Raises StartupError."""
+    datastore = Datastore(pool_name=opts.pool_name or "static")
+    watcher: EndpointsFileWatcher | None = None
+    try:
+        if opts.endpoints:
+            datastore.replace_all(parse_endpoint_list(opts.endpoints))
+        elif opts.endpoints_file:
+            watcher = EndpointsFileWatcher(opts.endpoints_file, datastore)
+            watcher.load()
+    except EndpointSourceError as e:
+        raise StartupError(str(e)) from None
+    recorder = PrometheusRecorder()
+    registry = builtin_registry()
+    try:
+        if opts.config_file:
+            config = load_config(opts.config_file, registry, recorder, datastore.snapshot)
+        else:
+            config = load_config_text(opts.config_text or None, registry, recorder, datastore.snapshot)
+    except ConfigError as e:
+        raise StartupError(str(e)) from None
+    director = Director(
+        datastore.snapshot,
+        config.scheduler,
+        RequestPlugins(
+            prepare_data=config.prepare_data,
+            admission=config.admission,
+            pre_request=config.pre_request,
+            response_received=config.response_received,
+            response_complete=config.response_complete,
+        ),
+        recorder,
+        DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter),
+    )
+    servicer = ExtProcServicer(director, opts.max_request_body_bytes)
+    health = HealthState(synced=datastore.synced)
+    return Components(datastore, recorder, config, director, servicer, health, watcher)
+
+
+def _credentials(opts: Options) -> grpc.ServerCredentials | None:
+    if not opts.secure_serving:
+        return None
+    try:
+        cert, key = load_cert_dir(opts.cert_path) if opts.cert_path else self_signed()
+    except CertificateError as e:
+        raise StartupError(str(e)) from None
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
+    c = build(opts)
+    stop = stop or asyncio.Event()
+    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((c.servicer.handler(),))
+    if opts.health_checking:
+        add_health_service(server, c.health)
+    address = f"{opts.bind_address}:{opts.grpc_port}"
+    creds = _credentials(opts)
+    try:
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
+    try:
+        health_server, health_port = await start_health_server(
+            opts.bind_address, opts.grpc_health_port, c.health
+        )
+    except RuntimeError as e:
+        raise StartupError(f"cannot listen on port {opts.grpc_health_port} for health: {e}") from None
+    try:
+        metrics = MetricsServer(c.recorder.registry, opts.bind_address, opts.metrics_port).start()
+    except OSError as e:
+        await health_server.stop(None)
+        raise StartupError(f"cannot listen on port {opts.metrics_port} for metrics: {e.strerror}") from None
+    await server.start()
+    c.health.synced = c.datastore.synced
+    log.info(
+        "serving grpc_port=%d health_port=%d metrics_port=%d tls=%s endpoints=%d",
+        port,
+        health_port,
+        metrics.port,
+        creds is not None,
+        len(c.datastore),
+    )
+    if opts.ports_file:
+        tmp = Path(opts.ports_file + ".tmp")
+        tmp.write_text(json.dumps({"grpc": port, "health": health_port, "metrics": metrics.port}))
+        tmp.replace(opts.ports_file)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            if c.file_watcher is not None:
+                watch_task = tg.create_task(c.file_watcher.run())
+            else:
+                watch_task = None
+            await stop.wait()
+            log.info("stopping")
+            c.health.synced = False
+            await server.stop(grace=5)
+            await health_server.stop(None)
+            if watch_task is not None:
+                watch_task.cancel()
+    finally:
+        metrics.stop()
+
+
+def run(opts: Options) -> None:
+    configure_logging(opts.verbosity, json=opts.json_logs)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(opts))
+    else:
+        uvloop.run(serve(opts))

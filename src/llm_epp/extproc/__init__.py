@@ -1,0 +1,1 @@
+"""The Envoy ext_proc protocol adapter. Only this package sees protobuf."""

@@ -1,0 +1,216 @@
+"""protobuf <-> domain: read headers, body chunks and metadata out of ProcessingRequests; build the
+(serialised) ProcessingResponses. EppError is mapped to an ImmediateResponse here, and only here."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from llm_epp.extproc import headers as h
+from llm_epp.framework import EppError, ErrorCode
+
+_ERROR_TYPES = {
+    ErrorCode.BAD_REQUEST: "invalid_request_error",
+    ErrorCode.PAYLOAD_TOO_LARGE: "invalid_request_error",
+    ErrorCode.NOT_FOUND: "not_found_error",
+    ErrorCode.UNAUTHORIZED: "authentication_error",
+    ErrorCode.FORBIDDEN: "permission_error",
+    ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+    ErrorCode.SERVICE_UNAVAILABLE: "service_unavailable_error",
+    ErrorCode.INTERNAL: "internal_error",
+    ErrorCode.MODEL_SERVER_ERROR: "internal_error",
+}
+
+
+def read_headers(msg: Any) -> dict[str, str]:
+    """HeaderMap -> dict with lower-case names. Envoy puts values in raw_value (bytes)."""
+    out: dict[str, str] = {}
+    for hv in msg.headers.headers:
+        raw = hv.raw_value
+        out[hv.key.lower()] = raw.decode("utf-8", "replace") if raw else hv.value
+    return out
+
+
+def read_metadata(req: Any, namespace: str, key: str) -> Any:
+    """A value from metadata_context.filter_metadata[namespace][key], or None."""
+    if not req.HasField("metadata_context"):
+        return None
+    fm = req.metadata_context.filter_metadata
+    if namespace not in fm:
+        return None
+    fields = fm[namespace].fields
+    if key not in fields:
+        return None
+    value = fields[key]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        return [v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"]
+    if kind == "string_value":
+        return value.string_value
+    return None
+
+
+def read_subset(req: Any) -> list[str] | None:
+    """The gateway's subset hint: None when absent (all endpoints), a list (possibly empty) when present.
+    A comma-separated string is accepted too."""
+    value = read_metadata(req, h.SUBSET_NAMESPACE, h.DESTINATION_SUBSET)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
+def _hvo(key: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(header=HeaderValue(key=key, raw_value=value.encode()))
+
+
+class _MetadataCache:
+    """Serialised `dynamic_metadata` fragments per destination. A ProcessingResponse's wire form is the
+    concatenation of its fields, so the fragment is appended to the serialised headers answer."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+
+    def get(self, destination: str) -> bytes:
+        data = self._cache.get(destination)
+        if data is None:
+            md = Struct()
+            md.update({h.LB_NAMESPACE: {h.DESTINATION: destination}})
+            data = pb.ProcessingResponse(dynamic_metadata=md).SerializeToString()
+            self._cache[destination] = data
+            if len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return data
+
+
+_metadata = _MetadataCache()
+
+
+def _routing_common(
+    destination: str,
+    content_length: int | None,
+    extra: Sequence[tuple[str, str]],
+    remove: Sequence[str],
+) -> pb.CommonResponse:
+    sets = [_hvo(h.DESTINATION, destination)]
+    if content_length is not None:
+        sets.append(_hvo(h.CONTENT_LENGTH, str(content_length)))
+    sets.extend(_hvo(k, v) for k, v in extra)
+    return pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=sets, remove_headers=list(remove)),
+        clear_route_cache=True,
+    )
+
+
+def route_headers_response(
+    destination: str,
+    content_length: int | None = None,
+    extra: Sequence[tuple[str, str]] = (),
+    remove: Sequence[str] = (),
+) -> bytes:
+    """The request-headers answer naming the endpoint (FULL_DUPLEX_STREAMED, or a body-less request)."""
+    common = _routing_common(destination, content_length, extra, remove)
+    return (
+        pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common)).SerializeToString()
+        + _metadata.get(destination)
+    )
+
+
+def route_body_response(
+    destination: str,
+    new_body: bytes | None,
+    extra: Sequence[tuple[str, str]] = (),
+    remove: Sequence[str] = (),
+) -> bytes:
+    """BUFFERED mode: the routing header mutation rides on the request-body answer; a changed body is
+    sent whole with its new Content-Length."""
+    common = _routing_common(destination, len(new_body) if new_body is not None else None, extra, remove)
+    if new_body is not None:
+        common.body_mutation.body = new_body
+    return (
+        pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString()
+        + _metadata.get(destination)
+    )
+
+
+EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
+EMPTY_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
+EMPTY_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
+EMPTY_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
+REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
+RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse()).SerializeToString()
+
+
+def _streamed(field: str, body: bytes, eos: bool) -> bytes:
+    sr = pb.StreamedBodyResponse(body=body, end_of_stream=eos)
+    resp = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sr)))
+    if field == "request_body":
+        return pb.ProcessingResponse(request_body=resp).SerializeToString()
+    return pb.ProcessingResponse(response_body=resp).SerializeToString()
+
+
+def streamed_request_body(body: bytes, eos: bool) -> Iterator[bytes]:
+    """The body re-chunked into streamed_response pieces of at most 62,000 bytes; EoS on the last."""
+    size = h.BODY_CHUNK_BYTES
+    if len(body) <= size:
+        yield _streamed("request_body", body, eos)
+        return
+    last = (len(body) - 1) // size * size
+    for start in range(0, len(body), size):
+        yield _streamed("request_body", body[start : start + size], eos and start == last)
+
+
+def streamed_response_body(body: bytes, eos: bool) -> list[bytes]:
+    size = h.BODY_CHUNK_BYTES
+    if len(body) <= size:
+        return [_streamed("response_body", body, eos)]
+    last = (len(body) - 1) // size * size
+    return [
+        _streamed("response_body", body[s : s + size], eos and s == last) for s in range(0, len(body), size)
+    ]
+
+
+def response_headers_response(set_headers: Mapping[str, str], remove: Sequence[str]) -> bytes:
+    if not set_headers and not remove:
+        return EMPTY_RESPONSE_HEADERS
+    common = pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(
+            set_headers=[_hvo(k, v) for k, v in set_headers.items()], remove_headers=list(remove)
+        )
+    )
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common)).SerializeToString()
+
+
+def error_body(err: EppError) -> bytes:
+    """An OpenAI-style error object."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": err.message,
+                "type": _ERROR_TYPES.get(err.code, "internal_error"),
+                "code": err.code.value,
+            }
+        }
+    )
+
+
+def immediate_response(err: EppError, request_id: str = "") -> bytes:
+    sets = [_hvo(h.CONTENT_TYPE, "application/json")]
+    if request_id:
+        sets.append(_hvo(h.REQUEST_ID, request_id))
+    ir = pb.ImmediateResponse(
+        status=HttpStatus(code=err.code.http_status),
+        headers=pb.HeaderMutation(set_headers=sets),
+        body=error_body(err),
+        details=f"llm_epp_{err.code.value}",
+    )
+    return pb.ProcessingResponse(immediate_response=ir).SerializeToString()

@@ -1,0 +1,27 @@
+"""Options of `llm-epp serve`, with the reference EPP's flag names and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Options:
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    secure_serving: bool = True
+    cert_path: str = ""
+    health_checking: bool = False
+    config_file: str = ""
+    config_text: str = ""
+    endpoints: str = ""
+    endpoints_file: str = ""
+    pool_name: str = ""
+    pool_namespace: str = ""
+    max_request_body_bytes: int = 16 << 20
+    disable_endpoint_subset_filter: bool = False
+    verbosity: int = 2
+    json_logs: bool = False
+    ports_file: str = ""

@@ -1,0 +1,255 @@
+"""The director: parse -> objective -> candidates -> prepare-data -> admission -> schedule -> pre-request,
+and on the way back response hooks, run exactly once per request. Protocol-free: the ext_proc adapter
+turns protobuf into calls here and EppError into immediate responses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llm_epp.framework import (
+    Endpoint,
+    EppError,
+    ErrorCode,
+    InferenceRequest,
+    Recorder,
+)
+from llm_epp.framework.requestcontrol import (
+    Admission,
+    PrepareData,
+    PreRequest,
+    ResponseComplete,
+    ResponseInfo,
+    ResponseReceived,
+)
+from llm_epp.framework.types import ApiKind, RequestBody, split_host_port
+from llm_epp.requestcontrol.lifecycle import RequestRecord
+from llm_epp.requestcontrol.parsing import parse_request, request_path, rewrite_model
+from llm_epp.scheduling import Scheduler, SchedulingFailedError
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+TEST_SELECTION_HEADER = "test-epp-endpoint-selection"
+DEFAULT_FAIRNESS_ID = "default-flow"
+PREPARE_DATA_TIMEOUT_S = 0.4
+
+
+@dataclass
+class RequestPlugins:
+    prepare_data: Sequence[PrepareData] = ()
+    admission: Sequence[Admission] = ()
+    pre_request: Sequence[PreRequest] = ()
+    response_received: Sequence[ResponseReceived] = ()
+    response_complete: Sequence[ResponseComplete] = ()
+
+
+@dataclass
+class DirectorOptions:
+    disable_subset_filter: bool = False
+    objectives: Mapping[str, int] = field(default_factory=dict)  # objective name -> priority
+
+
+def _matches(entry: str, endpoint: Endpoint) -> bool:
+    try:
+        host, port = split_host_port(entry)
+    except ValueError:
+        return False
+    return host == endpoint.metadata.address and (port is None or port == endpoint.metadata.port)
+
+
+def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> list[Endpoint]:
+    """Endpoints named in `entries` (`ip` or `ip:port`; port-aware when a port is given)."""
+    wanted = [e.strip() for item in entries for e in item.split(",") if e.strip()]
+    exact = set(wanted)
+    out = []
+    for ep in endpoints:
+        if ep.hostport in exact or any(_matches(w, ep) for w in wanted if w not in exact):
+            out.append(ep)
+    return out
+
+
+class Director:
+    def __init__(
+        self,
+        snapshot: Callable[[], Sequence[Endpoint]],
+        scheduler: Scheduler,
+        plugins: RequestPlugins,
+        recorder: Recorder,
+        options: DirectorOptions | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._snapshot = snapshot
+        self.scheduler = scheduler
+        self.plugins = plugins
+        self.recorder = recorder
+        self.options = options or DirectorOptions()
+        self._rng = rng or random.Random()
+
+    # --- request path ---------------------------------------------------------------------------------
+    def candidates(self, headers: Mapping[str, str], subset: Sequence[str] | None) -> list[Endpoint]:
+        endpoints: Sequence[Endpoint] = self._snapshot()
+        if not endpoints:
+            raise EppError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "no endpoints in the inference pool: check that model-server pods are ready and match the pool",
+            )
+        selection = headers.get(TEST_SELECTION_HEADER)
+        if selection is not None:
+            endpoints = filter_by_list(endpoints, [selection])
+        elif subset is not None and not self.options.disable_subset_filter:
+            endpoints = filter_by_list(endpoints, subset)
+        if not endpoints:
+            raise EppError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "failed to find endpoint candidates for serving the request: "
+                "the gateway's endpoint subset matches no endpoint of the pool",
+            )
+        return list(endpoints)
+
+    async def handle_request(
+        self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None
+    ) -> None:
+        """Fills `record` with the routing decision. Raises EppError for answers to send to the client."""
+        headers = record.headers
+        record.path = request_path(headers)
+        if body is None:
+            self._route_bodyless(record, subset)
+            return
+        record.request_bytes = len(body)
+        parsed, incoming = parse_request(record.path, body)
+        target = headers.get(MODEL_REWRITE_HEADER) or incoming
+        record.incoming_model, record.target_model = incoming, target
+        objective = headers.get(OBJECTIVE_HEADER, "")
+        request = InferenceRequest(
+            request_id=record.request_id,
+            incoming_model=incoming,
+            target_model=target,
+            body=parsed,
+            headers=headers,
+            priority=self.options.objectives.get(objective, 0),
+            objective=objective,
+            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            size_bytes=len(body),
+        )
+        record.request = request
+        try:
+            candidates = self.candidates(headers, subset)
+            await self._prepare_and_admit(request, candidates)
+            try:
+                result = self.scheduler.schedule(request, candidates)
+            except SchedulingFailedError as e:
+                self.recorder.scheduler_attempt(False, target, "", "", "")
+                raise EppError(ErrorCode.RESOURCE_EXHAUSTED, str(e)) from None
+        except EppError as e:
+            self.recorder.request_error(incoming, target, e.code.value)
+            raise
+        primary = result.primary
+        assert primary is not None
+        record.result = result
+        record.endpoint = primary.target_endpoints[0]
+        record.destination = ",".join(e.hostport for e in primary.target_endpoints)
+        if target != incoming:
+            record.body_out = rewrite_model(parsed.payload, target)
+        key = record.endpoint.key
+        self.recorder.scheduler_attempt(
+            True, target, key.name, key.namespace, str(record.endpoint.metadata.port)
+        )
+        self.recorder.request_scheduled(incoming, target, request.priority)
+        self.recorder.running_requests(incoming, 1)
+        record.scheduled = True
+        for plugin in self.plugins.pre_request:
+            self._guard("PreRequest", plugin, lambda p=plugin: p.pre_request(request, result))
+
+    def _route_bodyless(self, record: RecordLike, subset: Sequence[str] | None) -> None:
+        candidates = self.candidates(record.headers, subset)
+        chosen = candidates[0] if len(candidates) == 1 else self._rng.choice(candidates)
+        record.endpoint = chosen
+        record.destination = chosen.hostport
+        record.request = InferenceRequest(
+            record.request_id, "", "", RequestBody(ApiKind.NONE), headers=record.headers
+        )
+
+    async def _prepare_and_admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        for plugin in self.plugins.prepare_data:
+            try:
+                async with asyncio.timeout(PREPARE_DATA_TIMEOUT_S):
+                    await plugin.prepare_data(request, candidates)
+            except TimeoutError:
+                log.warning("prepare_data_timeout plugin=%s", plugin.typed_name)
+            except Exception:
+                log.exception("prepare_data_failed plugin=%s", plugin.typed_name)
+                self.recorder.plugin_error("PrepareData", plugin.typed_name)
+        for admission in self.plugins.admission:
+            reason = await admission.admit(request, candidates)
+            if reason is not None:
+                raise EppError(ErrorCode.INTERNAL, f"request cannot be admitted: {reason}")
+
+    # --- response path --------------------------------------------------------------------------------
+    def response_received(self, record: RequestRecord, info: ResponseInfo) -> None:
+        request = record.request
+        if request is None or not record.scheduled:
+            return
+        for plugin in self.plugins.response_received:
+            self._guard(
+                "ResponseReceived",
+                plugin,
+                lambda p=plugin: p.response_received(request, info, record.endpoint),
+            )
+
+    def finish(self, record: RequestRecord, complete: bool) -> None:
+        """Ends the request exactly once: completion hooks, running-requests gauge and metrics.
+        Safe to call again (later calls do nothing)."""
+        if record.finished:
+            return
+        record.finished = True
+        if not record.scheduled or record.request is None:
+            return
+        request = record.request
+        info = ResponseInfo(
+            status=record.response_status,
+            served_endpoint=record.served_endpoint,
+            usage=record.usage,
+            streaming=record.response_streaming,
+            complete=complete,
+        )
+        for plugin in self.plugins.response_complete:
+            self._guard(
+                "ResponseComplete",
+                plugin,
+                lambda p=plugin: p.response_complete(request, info, record.endpoint),
+            )
+        rec = self.recorder
+        rec.running_requests(record.incoming_model, -1)
+        if complete and record.response_status and record.response_status >= 400:
+            rec.request_error(record.incoming_model, record.target_model, ErrorCode.MODEL_SERVER_ERROR.value)
+        if complete:
+            usage = record.usage
+            rec.request_completed(
+                record.incoming_model,
+                record.target_model,
+                time.monotonic() - record.received_at,
+                len(record.body_out) if record.body_out is not None else record.request_bytes,
+                record.response_bytes,
+                usage.prompt_tokens if usage else None,
+                usage.completion_tokens if usage else None,
+                usage.cached_tokens if usage else None,
+            )
+
+    def _guard(self, point: str, plugin: object, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:
+            name = getattr(plugin, "typed_name", None)
+            log.exception("plugin_failed extension_point=%s plugin=%s", point, name)
+            if name is not None:
+                self.recorder.plugin_error(point, name)
+
+
+RecordLike = RequestRecord

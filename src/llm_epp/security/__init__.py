@@ -1,0 +1,1 @@
+"""TLS material for the ext_proc server."""
