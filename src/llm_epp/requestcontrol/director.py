@@ -66,13 +66,16 @@ def _matches(entry: str, endpoint: Endpoint) -> bool:
 
 def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> list[Endpoint]:
     """Endpoints named in `entries` (`ip` or `ip:port`; port-aware when a port is given)."""
-    wanted = [e.strip() for item in entries for e in item.split(",") if e.strip()]
-    exact = set(wanted)
-    out = []
-    for ep in endpoints:
-        if ep.hostport in exact or any(_matches(w, ep) for w in wanted if w not in exact):
-            out.append(ep)
-    return out
+    wanted = {e.strip() for item in entries for e in item.split(",") if e.strip()}
+    loose = [w for w in wanted if not _has_port(w)]  # bare IPs match every port of that address
+    return [ep for ep in endpoints if ep.hostport in wanted or any(_matches(w, ep) for w in loose)]
+
+
+def _has_port(entry: str) -> bool:
+    try:
+        return split_host_port(entry)[1] is not None
+    except ValueError:
+        return True
 
 
 class Director:
@@ -123,7 +126,11 @@ class Director:
             self._route_bodyless(record, subset)
             return
         record.request_bytes = len(body)
-        parsed, incoming = parse_request(record.path, body)
+        try:
+            parsed, incoming = parse_request(record.path, body)
+        except EppError as e:
+            self.recorder.request_error("", "", e.code.value)
+            raise
         target = headers.get(MODEL_REWRITE_HEADER) or incoming
         record.incoming_model, record.target_model = incoming, target
         objective = headers.get(OBJECTIVE_HEADER, "")

@@ -1,0 +1,37 @@
+# llm-epp: `make test` and `make demo` set themselves up (a .venv with the project and its dev tools).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck imports unit demo bench-overhead clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck imports unit
+
+demo: $(STAMP)
+	$(BIN)/python -m examples.demo
+
+bench-overhead: $(STAMP)
+	$(BIN)/python -m benchmarks.overhead
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,86 @@
+"""Runs `llm-epp serve` as a real subprocess on free loopback ports for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class EppProcess:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 30.0) -> None:
+        self.args = list(args)
+        self.env = env
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+        self._dir = Path(tempfile.mkdtemp(prefix="llm-epp-test-"))
+        self.log_path = self._dir / "epp.log"
+
+    @property
+    def grpc_port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def start(self) -> EppProcess:
+        ports_file = self._dir / "ports.json"
+        exe = str(Path(sys.executable).parent / "llm-epp")
+        cmd = [exe, "serve", "--bind-address", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
+               "--ports-file", str(ports_file), *self.args]
+        if "--grpc-port" not in self.args:
+            cmd += ["--grpc-port", "0"]
+        env = {**os.environ, **(self.env or {})}
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while not ports_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llm-epp did not start:\n{self.log()}")
+            time.sleep(0.05)
+        self.ports = json.loads(ports_file.read_text())
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        return httpx.get(self.metrics_url, timeout=5).text
+
+    def metric_value(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            head, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+
+    def __enter__(self) -> EppProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,280 @@
+"""The ext_proc stream state machine, driven by scripted Envoy messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from tests.unit.extproc.fake_envoy import (
+    BUFFERED,
+    FDS,
+    Harness,
+    body_msg,
+    headers_msg,
+    request_trailers_msg,
+    response_body_msg,
+    response_headers_msg,
+    response_trailers_msg,
+)
+
+POST = {":method": "POST", ":path": "/v1/completions", "content-type": "application/json"}
+ENDPOINTS = {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8001"}
+
+
+def body(**kw: object) -> bytes:
+    payload = {"model": "m", "prompt": "hello"}
+    payload.update(kw)
+    return json.dumps(payload).encode()
+
+
+def set_headers(resp: pb.ProcessingResponse, field: str = "request_headers") -> dict[str, str]:
+    common = getattr(resp, field).response
+    return {o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers}
+
+
+def removed(resp: pb.ProcessingResponse, field: str = "request_headers") -> list[str]:
+    return list(getattr(resp, field).response.header_mutation.remove_headers)
+
+
+def metadata_destination(resp: pb.ProcessingResponse) -> str:
+    return resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+
+
+def streamed(resp: pb.ProcessingResponse, field: str = "request_body") -> tuple[bytes, bool]:
+    sr = getattr(resp, field).response.body_mutation.streamed_response
+    return sr.body, sr.end_of_stream
+
+
+async def test_fds_withholds_headers_until_body_complete_then_routes(harness: Harness) -> None:
+    data = body()
+    ctx = await harness.run(
+        [headers_msg(POST), body_msg(data[:10], False), body_msg(data[10:], False), body_msg(b"", True)]
+    )
+    assert ctx.kinds() == ["request_headers", "request_body"]
+    hdrs = set_headers(ctx.sent[0])
+    dest = hdrs["x-gateway-destination-endpoint"]
+    assert dest in ENDPOINTS
+    assert metadata_destination(ctx.sent[0]) == dest
+    assert hdrs["content-length"] == str(len(data))
+    assert ctx.sent[0].request_headers.response.clear_route_cache
+    assert streamed(ctx.sent[1]) == (data, True)
+
+
+async def test_generated_request_id_is_injected_and_kept_when_present(harness: Harness) -> None:
+    ctx = await harness.run([headers_msg(POST), body_msg(body(), True)])
+    assert len(set_headers(ctx.sent[0])["x-request-id"]) == 36
+    ctx = await harness.run([headers_msg({**POST, "x-request-id": "abc"}), body_msg(body(), True)])
+    assert "x-request-id" not in set_headers(ctx.sent[0])
+
+
+async def test_large_body_is_rechunked_below_62000_bytes(harness: Harness) -> None:
+    data = body(prompt="x" * 200_000)
+    ctx = await harness.run([headers_msg(POST), body_msg(data, True)])
+    chunks = [streamed(m) for m in ctx.sent[1:]]
+    assert all(len(c) <= 62_000 for c, _ in chunks)
+    assert b"".join(c for c, _ in chunks) == data
+    assert [eos for _, eos in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+async def test_buffered_mode_answers_headers_then_routes_on_body(harness: Harness) -> None:
+    ctx = await harness.run([headers_msg(POST, req_mode=BUFFERED), body_msg(body(), True)])
+    assert ctx.kinds() == ["request_headers", "request_body"]
+    assert not ctx.sent[0].request_headers.response.header_mutation.set_headers
+    hdrs = set_headers(ctx.sent[1], "request_body")
+    assert hdrs["x-gateway-destination-endpoint"] in ENDPOINTS
+    assert metadata_destination(ctx.sent[1]) == hdrs["x-gateway-destination-endpoint"]
+    assert not ctx.sent[1].request_body.response.body_mutation.body  # unchanged body is not resent
+
+
+async def test_buffered_mode_model_rewrite_resends_body_with_length(harness: Harness) -> None:
+    msgs = [headers_msg({**POST, "x-gateway-model-name-rewrite": "big-model"}, req_mode=BUFFERED), body_msg(body(), True)]
+    ctx = await harness.run(msgs)
+    new = ctx.sent[1].request_body.response.body_mutation.body
+    assert json.loads(new)["model"] == "big-model"
+    assert set_headers(ctx.sent[1], "request_body")["content-length"] == str(len(new))
+
+
+async def test_bodyless_request_is_routed_at_once(harness: Harness) -> None:
+    ctx = await harness.run([headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True)])
+    assert ctx.kinds() == ["request_headers"]
+    assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] in ENDPOINTS
+    assert "content-length" not in set_headers(ctx.sent[0])
+
+
+@pytest.mark.parametrize(
+    ("subset", "expected"),
+    [
+        (["10.0.0.2:8000"], {"10.0.0.2:8000"}),
+        (["10.0.0.3"], {"10.0.0.3:8001"}),
+        ("10.0.0.1:8000,10.0.0.2:8000", {"10.0.0.1:8000", "10.0.0.2:8000"}),
+        (["10.0.0.3:8000"], set()),  # port-aware: 10.0.0.3 only serves on 8001
+        ([], set()),
+    ],
+    ids=["exact", "ip-only", "comma-string", "wrong-port", "empty"],
+)
+async def test_subset_hint(harness: Harness, subset: object, expected: set[str]) -> None:
+    seen = set()
+    for _ in range(30):
+        ctx = await harness.run([headers_msg(POST, subset=subset), body_msg(body(), True)])
+        first = ctx.sent[0]
+        if first.HasField("immediate_response"):
+            assert first.immediate_response.status.code == 503
+            assert not expected
+            return
+        seen.add(set_headers(first)["x-gateway-destination-endpoint"])
+    assert seen == expected
+
+
+async def test_subset_hint_ignored_when_disabled() -> None:
+    h = Harness("10.0.0.1:8000,10.0.0.2:8000", disable_subset_filter=True)
+    ctx = await h.run([headers_msg(POST, subset=[]), body_msg(body(), True)])
+    assert ctx.kinds()[0] == "request_headers"
+
+
+async def test_conformance_selection_header_restricts_candidates(harness: Harness) -> None:
+    for _ in range(10):
+        ctx = await harness.run(
+            [headers_msg({**POST, "test-epp-endpoint-selection": "10.0.0.3:8001"}), body_msg(body(), True)]
+        )
+        assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] == "10.0.0.3:8001"
+
+
+async def test_client_control_headers_are_removed(harness: Harness) -> None:
+    hdrs = {**POST, "x-gateway-destination-endpoint": "6.6.6.6:1", "x-gateway-destination-endpoint-served": "x"}
+    ctx = await harness.run([headers_msg(hdrs), body_msg(body(), True)])
+    assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] in ENDPOINTS
+    assert "x-gateway-destination-endpoint-served" in removed(ctx.sent[0])
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "fragment"),
+    [
+        ("/v1/completions", b"{not json", "not valid JSON"),
+        ("/v1/completions", b"[1, 2]", "JSON object"),
+        ("/v1/completions", b'{"prompt": "x"}', "model not found"),
+        ("/v1/completions", b'{"model": "m"}', "prompt"),
+        ("/v1/chat/completions", b'{"model": "m", "messages": []}', "messages"),
+        ("/v1/embeddings", b'{"model": "m"}', "input"),
+    ],
+    ids=["bad-json", "not-object", "no-model", "no-prompt", "no-messages", "no-input"],
+)
+async def test_bad_requests_get_400_with_openai_error(
+    harness: Harness, path: str, payload: bytes, fragment: str
+) -> None:
+    ctx = await harness.run([headers_msg({**POST, ":path": path}), body_msg(payload, True)])
+    assert ctx.kinds() == ["immediate_response"]
+    ir = ctx.sent[0].immediate_response
+    assert ir.status.code == 400
+    err = json.loads(ir.body)["error"]
+    assert fragment in err["message"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "BadRequest"
+    assert harness.recorder.errors == ["BadRequest"]
+
+
+async def test_body_over_limit_gets_413_and_stops_reading() -> None:
+    h = Harness("10.0.0.1:8000", max_body=1000)
+    ctx = await h.run([headers_msg(POST), body_msg(b"x" * 600, False), body_msg(b"x" * 600, False), body_msg(b"", True)])
+    assert ctx.kinds() == ["immediate_response"]
+    assert ctx.sent[0].immediate_response.status.code == 413
+    assert "1000 bytes" in json.loads(ctx.sent[0].immediate_response.body)["error"]["message"]
+
+
+async def test_empty_pool_gets_503() -> None:
+    h = Harness("10.0.0.1:8000")
+    h.datastore.clear()
+    ctx = await h.run([headers_msg(POST), body_msg(body(), True)])
+    assert ctx.sent[0].immediate_response.status.code == 503
+
+
+async def test_request_trailers_end_the_body(harness: Harness) -> None:
+    data = body()
+    ctx = await harness.run([headers_msg(POST), body_msg(data, False), request_trailers_msg()])
+    assert ctx.kinds() == ["request_headers", "request_body", "request_trailers"]
+    assert streamed(ctx.sent[1]) == (data, False)
+
+
+async def test_streamed_response_is_echoed_and_usage_read_across_split_lines(harness: Harness) -> None:
+    usage_line = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}\n\n'
+    chunks = [b'data: {"choices":[{"text":"a"}]}\n\n' + usage_line[:25], usage_line[25:], b"data: [DONE]\n\n"]
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(stream=True), True),
+        response_headers_msg({":status": "200", "content-type": "text/event-stream"}),
+        response_body_msg(chunks[0], False),
+        response_body_msg(chunks[1], False),
+        response_body_msg(chunks[2], True),
+    ]
+    ctx = await harness.run(msgs)
+    assert ctx.kinds() == ["request_headers", "request_body", "response_headers"] + ["response_body"] * 3
+    echoed = [streamed(m, "response_body") for m in ctx.sent[3:]]
+    assert b"".join(c for c, _ in echoed) == b"".join(chunks)
+    assert echoed[-1][1] is True
+    (completed,) = harness.recorder.completed
+    assert completed[-3:] == (7, 3, 0)
+    assert harness.recorder.running == 0
+
+
+async def test_non_streamed_response_usage_and_served_endpoint_header(harness: Harness) -> None:
+    resp = json.dumps({"object": "text_completion", "model": "m", "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                       "prompt_tokens_details": {"cached_tokens": 4}}}).encode()
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "application/json"}, served="10.0.0.2:8000"),
+        response_body_msg(resp[:20], False),
+        response_body_msg(resp[20:], True),
+    ]
+    ctx = await harness.run(msgs)
+    assert set_headers(ctx.sent[2], "response_headers")["x-conformance-test-served-endpoint"] == "10.0.0.2:8000"
+    assert harness.recorder.completed[0][-3:] == (5, 2, 4)
+
+
+async def test_model_name_is_swapped_back_in_responses(harness: Harness) -> None:
+    msgs = [
+        headers_msg({**POST, "x-gateway-model-name-rewrite": "big"}, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "application/json", "content-length": "30"}),
+        response_body_msg(b'{"model":"big","x":1}', True),
+    ]
+    ctx = await harness.run(msgs)
+    assert json.loads(streamed(ctx.sent[1])[0])["model"] == "big"
+    assert "content-length" in removed(ctx.sent[2], "response_headers")
+    assert streamed(ctx.sent[3], "response_body")[0] == b'{"model":"m","x":1}'
+
+
+async def test_response_trailers_are_answered(harness: Harness) -> None:
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "application/grpc"}),
+        response_body_msg(b"abc", False),
+        response_trailers_msg(),
+    ]
+    ctx = await harness.run(msgs)
+    assert ctx.kinds()[-1] == "response_trailers"
+    assert len(harness.recorder.completed) == 1
+
+
+async def test_body_mode_none_completes_when_envoy_closes_the_stream(harness: Harness) -> None:
+    ctx = await harness.run(
+        [headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})]
+    )
+    assert ctx.kinds() == ["request_headers", "request_body", "response_headers"]
+    assert len(harness.recorder.completed) == 1
+    assert harness.recorder.running == 0
+
+
+async def test_client_cancel_releases_without_completion(harness: Harness) -> None:
+    with pytest.raises(asyncio.CancelledError):
+        await harness.run([headers_msg(POST), body_msg(body(), True)], cancel_at_end=True)
+    assert harness.recorder.running == 0
+    assert harness.recorder.completed == []
+
+
+async def test_stream_closed_before_response_is_not_a_completion(harness: Harness) -> None:
+    await harness.run([headers_msg(POST), body_msg(body(), True)])
+    assert harness.recorder.running == 0
+    assert harness.recorder.completed == []
