@@ -117,9 +117,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     except RuntimeError as e:
         raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
     try:
-        health_server, health_port = await start_health_server(
-            opts.bind_address, opts.grpc_health_port, c.health
-        )
+        health_server, health_port = await start_health_server(opts.bind_address, opts.grpc_health_port, c.health)
     except RuntimeError as e:
         raise StartupError(f"cannot listen on port {opts.grpc_health_port} for health: {e}") from None
     try:
@@ -138,9 +136,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         len(c.datastore),
     )
     if opts.ports_file:
-        tmp = Path(opts.ports_file + ".tmp")
-        tmp.write_text(json.dumps({"grpc": port, "health": health_port, "metrics": metrics.port}))
-        tmp.replace(opts.ports_file)
+        ports = {"grpc": port, "health": health_port, "metrics": metrics.port}
+        await asyncio.to_thread(_write_ports, opts.ports_file, ports)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -160,6 +157,12 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 watch_task.cancel()
     finally:
         metrics.stop()
+
+
+def _write_ports(path: str, ports: dict[str, int]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(ports))
+    tmp.replace(path)
 
 
 def run(opts: Options) -> None:

@@ -95,19 +95,30 @@ def check_options(opts: Options) -> list[str]:
     problems = []
     if opts.config_file and opts.config_text:
         problems.append("--config-file and --config-text are mutually exclusive; give one")
-    sources = [n for n, v in (("--endpoints", opts.endpoints), ("--endpoints-file", opts.endpoints_file),
-                              ("--pool-name", opts.pool_name)) if v]
+    sources = [
+        n
+        for n, v in (
+            ("--endpoints", opts.endpoints),
+            ("--endpoints-file", opts.endpoints_file),
+            ("--pool-name", opts.pool_name),
+        )
+        if v
+    ]
     if len(sources) > 1:
         problems.append(f"give exactly one endpoint source, not {' and '.join(sources)}")
     if not sources:
         problems.append("no endpoint source: give --endpoints host:port,... or --endpoints-file FILE")
     if opts.pool_name:
-        problems.append("--pool-name (Kubernetes InferencePool discovery) is not available yet; "
-                        "use --endpoints or --endpoints-file")
+        problems.append(
+            "--pool-name (Kubernetes InferencePool discovery) is not available yet; use --endpoints or --endpoints-file"
+        )
     if opts.max_request_body_bytes <= 0:
         problems.append("--max-request-body-bytes must be positive")
-    for name, port in (("--grpc-port", opts.grpc_port), ("--grpc-health-port", opts.grpc_health_port),
-                       ("--metrics-port", opts.metrics_port)):
+    for name, port in (
+        ("--grpc-port", opts.grpc_port),
+        ("--grpc-health-port", opts.grpc_health_port),
+        ("--metrics-port", opts.metrics_port),
+    ):
         if not 0 <= port <= 65535:
             problems.append(f"{name} must be between 0 and 65535")
     return problems

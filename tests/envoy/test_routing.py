@@ -8,14 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from tests.envoy.conftest import Stack, start_stack, stop_stack
 from tests.support.backends import BackendPool
 
 pytestmark = pytest.mark.envoy
 
 
-def completion(client: httpx.Client, stack: Stack, headers: dict[str, str] | None = None, **body: object) -> httpx.Response:
+def completion(
+    client: httpx.Client, stack: Stack, headers: dict[str, str] | None = None, **body: object
+) -> httpx.Response:
     payload = {"model": "stub-model", "prompt": "hello", "max_tokens": 4, **body}
     return client.post(stack.url("/v1/completions"), json=payload, headers=headers or {})
 
@@ -54,7 +55,9 @@ def test_client_sent_destination_header_does_not_steer(stack: Stack) -> None:
     with httpx.Client(timeout=30) as c:
         for _ in range(20):
             r = completion(
-                c, stack, {"x-gateway-destination-endpoint": target, "test-epp-endpoint-selection": ",".join(others)}
+                c,
+                stack,
+                {"x-gateway-destination-endpoint": target, "test-epp-endpoint-selection": ",".join(others)},
             )
             assert r.status_code == 200
             assert r.headers["x-conformance-test-served-endpoint"] in others
@@ -63,8 +66,13 @@ def test_client_sent_destination_header_does_not_steer(stack: Stack) -> None:
 
 def test_sse_stream_arrives_intact_and_usage_is_recorded(stack: Stack) -> None:
     before = stack.epp.metric_value("inference_objective_output_tokens_sum")
-    body = {"model": "stub-model", "prompt": "hello", "max_tokens": 50, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "stub-model",
+        "prompt": "hello",
+        "max_tokens": 50,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.Client(timeout=30) as c, c.stream("POST", stack.url("/v1/completions"), json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -156,7 +164,9 @@ def test_fail_open_serves_without_the_epp_and_fail_close_does_not(backends: Back
     fail_close = start_stack(backends, failure_mode="FailClose")
     try:
         for s in (fail_open, fail_close):
-            assert httpx.post(s.url("/v1/completions"), json={"model": "m", "prompt": "x"}, timeout=30).status_code == 200
+            assert (
+                httpx.post(s.url("/v1/completions"), json={"model": "m", "prompt": "x"}, timeout=30).status_code == 200
+            )
         fail_open.epp.stop()
         fail_close.epp.stop()
         fail_open.envoy.wait_cluster_healthy("epp", healthy=False)

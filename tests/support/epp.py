@@ -35,12 +35,23 @@ class EppProcess:
     def start(self) -> EppProcess:
         ports_file = self._dir / "ports.json"
         exe = str(Path(sys.executable).parent / "llm-epp")
-        cmd = [exe, "serve", "--bind-address", "127.0.0.1", "--grpc-health-port", "0", "--metrics-port", "0",
-               "--ports-file", str(ports_file), *self.args]
+        cmd = [
+            exe,
+            "serve",
+            "--bind-address",
+            "127.0.0.1",
+            "--grpc-health-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--ports-file",
+            str(ports_file),
+            *self.args,
+        ]
         if "--grpc-port" not in self.args:
             cmd += ["--grpc-port", "0"]
         env = {**os.environ, **(self.env or {})}
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
         while not ports_file.exists():

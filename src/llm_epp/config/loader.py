@@ -223,9 +223,7 @@ def _build(
             plugin = plugins.get(ref)
             if plugin is None:
                 if ref not in {s.name or s.type for s in spec.plugins}:
-                    problems.append(
-                        f"{where}.plugins[{j}].pluginRef: no plugin named {ref!r} is defined under plugins"
-                    )
+                    problems.append(f"{where}.plugins[{j}].pluginRef: no plugin named {ref!r} is defined under plugins")
                 continue
             used = False
             if isinstance(plugin, Filter):

@@ -67,9 +67,7 @@ class EndpointPickerConfigSpec(_Model):
     kind: Literal["EndpointPickerConfig"] = "EndpointPickerConfig"
     feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
     plugins: list[PluginSpec] = Field(default_factory=list)
-    scheduling_profiles: list[SchedulingProfileSpec] = Field(
-        default_factory=list, alias="schedulingProfiles"
-    )
+    scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
     saturation_detector: PluginRef | None = Field(default=None, alias="saturationDetector")
     data_layer: DataLayerSpec | None = Field(default=None, alias="dataLayer")
     flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")

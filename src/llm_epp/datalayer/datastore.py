@@ -54,9 +54,7 @@ class Datastore:
         """All endpoints with their latest metrics; cached until something changes."""
         snap = self._snapshot
         if snap is None:
-            snap = tuple(
-                Endpoint(m, self._metrics.get(k, EMPTY_METRICS)) for k, m in self._metadata.items()
-            )
+            snap = tuple(Endpoint(m, self._metrics.get(k, EMPTY_METRICS)) for k, m in self._metadata.items())
             self._snapshot = snap
             self._by_hostport = {e.hostport: e for e in snap}
         return snap

@@ -84,9 +84,9 @@ def parse_endpoints_file(text: str, source: str) -> tuple[str | None, list[Endpo
         doc = _EndpointsFile.model_validate(raw)
     except ValidationError as err:
         problems = []
-        for e in err.errors():
-            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
-            msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        for detail in err.errors():
+            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in detail["loc"]).lstrip(".")
+            msg = "unknown field" if detail["type"] == "extra_forbidden" else detail["msg"]
             problems.append(f"{loc}: {msg}")
         raise EndpointSourceError(f"{source}: " + "; ".join(problems)) from None
     out: list[EndpointMetadata] = []
@@ -98,9 +98,7 @@ def parse_endpoints_file(text: str, source: str) -> tuple[str | None, list[Endpo
         names.add(name)
         engine = entry.engine or entry.labels.get(ENGINE_LABEL) or "vllm"
         if engine not in ENGINES:
-            raise EndpointSourceError(
-                f"{source}: endpoints[{i}].engine {engine!r} is not one of {', '.join(ENGINES)}"
-            )
+            raise EndpointSourceError(f"{source}: endpoints[{i}].engine {engine!r} is not one of {', '.join(ENGINES)}")
         out.append(
             EndpointMetadata(
                 EndpointKey(doc.namespace, name),

@@ -119,10 +119,9 @@ def route_headers_response(
 ) -> bytes:
     """The request-headers answer naming the endpoint (FULL_DUPLEX_STREAMED, or a body-less request)."""
     common = _routing_common(destination, content_length, extra, remove)
-    return (
-        pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common)).SerializeToString()
-        + _metadata.get(destination)
-    )
+    return pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=common)
+    ).SerializeToString() + _metadata.get(destination)
 
 
 def route_body_response(
@@ -136,9 +135,8 @@ def route_body_response(
     common = _routing_common(destination, len(new_body) if new_body is not None else None, extra, remove)
     if new_body is not None:
         common.body_mutation.body = new_body
-    return (
-        pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString()
-        + _metadata.get(destination)
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString() + _metadata.get(
+        destination
     )
 
 
@@ -174,9 +172,7 @@ def streamed_response_body(body: bytes, eos: bool) -> list[bytes]:
     if len(body) <= size:
         return [_streamed("response_body", body, eos)]
     last = (len(body) - 1) // size * size
-    return [
-        _streamed("response_body", body[s : s + size], eos and s == last) for s in range(0, len(body), size)
-    ]
+    return [_streamed("response_body", body[s : s + size], eos and s == last) for s in range(0, len(body), size)]
 
 
 def response_headers_response(set_headers: Mapping[str, str], remove: Sequence[str]) -> bytes:

@@ -174,9 +174,7 @@ class ExtProcServicer:
         try:
             await self.director.handle_request(record, body, st.subset)
         except EppError as e:
-            log.info(
-                "request_rejected request_id=%s code=%s reason=%s", record.request_id, e.code.value, e.message
-            )
+            log.info("request_rejected request_id=%s code=%s reason=%s", record.request_id, e.code.value, e.message)
             await write(codec.immediate_response(e, record.request_id))
             return False
         st.routed = True

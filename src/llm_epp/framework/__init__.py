@@ -16,8 +16,8 @@ from llm_epp.framework.types import (
     Metrics,
     ProfileResult,
     RequestBody,
-    ScoredEndpoint,
     SchedulingResult,
+    ScoredEndpoint,
 )
 
 __all__ = [
@@ -42,8 +42,8 @@ __all__ = [
     "Recorder",
     "Registry",
     "RequestBody",
-    "ScoredEndpoint",
     "SchedulingResult",
+    "ScoredEndpoint",
     "Scorer",
     "ScorerCategory",
     "StateKey",

@@ -20,9 +20,7 @@ class Recorder(Protocol):
     def score_out_of_range(self, plugin: TypedName) -> None: ...
 
     # --- per request (labels as in the reference: model_name, target_model_name, ...) ---------------
-    def scheduler_attempt(
-        self, success: bool, target_model: str, pod_name: str, namespace: str, port: str
-    ) -> None: ...
+    def scheduler_attempt(self, success: bool, target_model: str, pod_name: str, namespace: str, port: str) -> None: ...
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None: ...
 
@@ -58,9 +56,7 @@ class NullRecorder:
     def score_out_of_range(self, plugin: TypedName) -> None:
         pass
 
-    def scheduler_attempt(
-        self, success: bool, target_model: str, pod_name: str, namespace: str, port: str
-    ) -> None:
+    def scheduler_attempt(self, success: bool, target_model: str, pod_name: str, namespace: str, port: str) -> None:
         pass
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None:

@@ -17,7 +17,7 @@ PluginFactory = Callable[[str, Any, Handle], Plugin]
 
 @dataclass(frozen=True, slots=True)
 class RegistryEntry(Generic[P]):
-    type: str
+    plugin_type: str
     params_model: type[P]
     factory: Callable[[str, P, Handle], Plugin]
 
@@ -58,9 +58,7 @@ class Registry:
     def __init__(self) -> None:
         self._entries: dict[str, RegistryEntry[Any]] = {}
 
-    def register(
-        self, plugin_type: str, params_model: type[P], factory: Callable[[str, P, Handle], Plugin]
-    ) -> None:
+    def register(self, plugin_type: str, params_model: type[P], factory: Callable[[str, P, Handle], Plugin]) -> None:
         if plugin_type in self._entries:
             raise ValueError(f"plugin type {plugin_type!r} is registered twice")
         self._entries[plugin_type] = RegistryEntry(plugin_type, params_model, factory)
@@ -85,8 +83,6 @@ class Registry:
             raise PluginParamsError(plugin_type, _describe(err)) from None
         return params
 
-    def build(
-        self, plugin_type: str, name: str, raw_params: Mapping[str, Any] | None, handle: Handle
-    ) -> Plugin:
+    def build(self, plugin_type: str, name: str, raw_params: Mapping[str, Any] | None, handle: Handle) -> Plugin:
         params = self.parse_params(plugin_type, raw_params)
         return self.entry(plugin_type).factory(name, params, handle)

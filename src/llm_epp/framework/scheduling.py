@@ -14,8 +14,8 @@ from llm_epp.framework.types import (
     EndpointKey,
     InferenceRequest,
     ProfileResult,
-    ScoredEndpoint,
     SchedulingResult,
+    ScoredEndpoint,
 )
 
 

@@ -1,7 +1,7 @@
 """Envoy bootstrap for the ext_proc gateway in front of the EPP (``llm-epp envoy-config``).
 
 Design: the bootstrap is assembled from small plain-dict builder functions, one per block (admin,
-listener + HTTP connection manager, header-mutation filter, ext_proc filter, ``epp`` cluster, ``pool``
+listener + HTTP connection manager, control-header stripping, ext_proc filter, ``epp`` cluster, ``pool``
 cluster, ``pool-fallback`` cluster).  Plain dicts read like Envoy's documentation and are exactly what is
 printed, so the output diffs cleanly against Envoy examples.  Before anything is printed, :func:`validate`
 round-trips the dict through ``google.protobuf.json_format.ParseDict`` into the xds-protos ``Bootstrap``
@@ -30,10 +30,12 @@ import yaml
 # before ``ParseDict`` can resolve it; importing the generated modules does that.
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
-from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
     http_connection_manager_pb2,
+)
+from envoy.extensions.http.early_header_mutation.header_mutation.v3 import (  # noqa: F401
+    header_mutation_pb2,
 )
 from envoy.extensions.resource_monitors.downstream_connections.v3 import (  # noqa: F401
     downstream_connections_pb2,
@@ -71,7 +73,7 @@ FALLBACK_CLUSTER = "pool-fallback"
 _TYPE = "type.googleapis.com/"
 _HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
-_HEADER_MUTATION_TYPE = _TYPE + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+_EARLY_HEADER_MUTATION_TYPE = _TYPE + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
 _ROUTER_TYPE = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _HTTP_OPTIONS_TYPE = _TYPE + _HTTP_OPTIONS_KEY
@@ -85,6 +87,7 @@ REQUEST_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
 RESPONSE_BODY_MODES = ("NONE", "FULL_DUPLEX_STREAMED")
 RESPONSE_HEADER_MODES = ("SEND", "SKIP")
 ROUTING_MODES = ("metadata", "header")
+
 
 # Envoy's default circuit breakers cap a cluster at 1024 concurrent requests; every in-flight LLM request
 # holds one ext_proc stream and one upstream request, so lift the caps well above realistic concurrency.
@@ -190,9 +193,7 @@ def _socket_address(host: str, port: int) -> dict[str, Any]:
 def _load_assignment(cluster_name: str, endpoints: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "cluster_name": cluster_name,
-        "endpoints": [
-            {"lb_endpoints": [{"endpoint": {"address": _socket_address(h, p)}} for h, p in endpoints]}
-        ],
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket_address(h, p)}} for h, p in endpoints]}],
     }
 
 
@@ -224,21 +225,25 @@ def overload_manager_block() -> dict[str, Any]:
     }
 
 
-def header_mutation_filter() -> dict[str, Any]:
-    """Strip client-sent routing headers so a client can never pick the endpoint itself."""
+def strip_control_headers() -> dict[str, Any]:
+    """HCM early header mutation that removes client-sent routing headers.
+
+    Early header mutations run before route selection and before any HTTP filter, so a client can
+    never steer a request: not through the ORIGINAL_DST header, and not by making the "EPP decided"
+    route match while the EPP is down (FailOpen).  The ``envoy.filters.http.header_mutation`` HTTP
+    filter is not enough for the latter: the route is resolved (and cached) when the first filter asks
+    for its per-route config, i.e. before the filter removes the header.
+    """
     return {
-        "name": "envoy.filters.http.header_mutation",
+        "name": "envoy.http.early_header_mutation.header_mutation",
         "typed_config": {
-            "@type": _HEADER_MUTATION_TYPE,
-            "mutations": {
-                "request_mutations": [{"remove": DESTINATION_HEADER}, {"remove": SERVED_HEADER}],
-            },
+            "@type": _EARLY_HEADER_MUTATION_TYPE,
+            "mutations": [{"remove": DESTINATION_HEADER}, {"remove": SERVED_HEADER}],
         },
     }
 
 
 def ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
-    response_streamed = opts.response_body_mode == "FULL_DUPLEX_STREAMED"
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -256,7 +261,10 @@ def ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
                 "request_trailer_mode": "SEND",
                 "response_header_mode": opts.response_header_mode,
                 "response_body_mode": opts.response_body_mode,
-                "response_trailer_mode": "SEND" if response_streamed else "SKIP",
+                # SEND is required with FULL_DUPLEX_STREAMED, and with body NONE it keeps the ext_proc stream
+                # open until the response ends (SKIP closes it right after response headers), so the EPP
+                # learns when the request really completed.
+                "response_trailer_mode": "SEND",
             },
             "metadata_options": {
                 # Without receiving_namespaces Envoy drops the EPP's envoy.lb dynamic metadata.
@@ -319,14 +327,14 @@ def routes_block(opts: EnvoyConfigOptions) -> list[dict[str, Any]]:
 
 
 def http_connection_manager(opts: EnvoyConfigOptions) -> dict[str, Any]:
+    hcm: dict[str, Any] = {"@type": _HCM_TYPE, "stat_prefix": "gateway", "codec_type": "AUTO"}
     if opts.no_epp:
         http_filters = [router_filter()]
     else:
-        http_filters = [header_mutation_filter(), ext_proc_filter(opts), router_filter()]
+        hcm["early_header_mutation_extensions"] = [strip_control_headers()]
+        http_filters = [ext_proc_filter(opts), router_filter()]
     return {
-        "@type": _HCM_TYPE,
-        "stat_prefix": "gateway",
-        "codec_type": "AUTO",
+        **hcm,
         "route_config": {
             "name": "gateway",
             "virtual_hosts": [{"name": "inference-pool", "domains": ["*"], "routes": routes_block(opts)}],
@@ -371,6 +379,8 @@ def epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
         },
         "load_assignment": _load_assignment(EPP_CLUSTER, [(opts.epp_address, opts.epp_port)]),
     }
+    if opts.failure_mode == "FailOpen":
+        cluster.update(_epp_fail_open_health())
     if opts.epp_tls:
         tls: dict[str, Any] = {
             "@type": _UPSTREAM_TLS_TYPE,
@@ -381,6 +391,44 @@ def epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
             tls["sni"] = opts.epp_address
         cluster["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": tls}
     return cluster
+
+
+def _epp_fail_open_health() -> dict[str, Any]:
+    """Make an unreachable EPP fail fast so that FailOpen really fails open.
+
+    With a FULL_DUPLEX_STREAMED request body Envoy can fail open only until the first body chunk is
+    handed to the ext_proc stream.  Connecting to the EPP is asynchronous, so with a dead EPP the
+    "connection refused" usually arrives after that point and the request gets a 500 despite
+    ``failure_mode_allow``.  A TCP health check (plus outlier ejection on connect failures) marks
+    the EPP unhealthy, and with a zero panic threshold Envoy then fails the ext_proc stream at once,
+    before any body is sent, so the request continues without an EPP decision.
+    """
+    return {
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                "no_traffic_interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "tcp_health_check": {},
+            }
+        ],
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_consecutive_5xx": 0,
+            "enforcing_consecutive_gateway_failure": 0,
+            "enforcing_success_rate": 0,
+            "enforcing_local_origin_success_rate": 0,
+            "interval": "1s",
+            "base_ejection_time": "1s",
+            "max_ejection_time": "5s",
+            "max_ejection_percent": 100,
+        },
+    }
 
 
 def pool_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
@@ -483,9 +531,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.failure_mode,
         help="FailOpen: route without the EPP when it is unreachable; FailClose: answer 500",
     )
-    g.add_argument("--request-body-mode", choices=REQUEST_BODY_MODES, default=d.request_body_mode)
-    g.add_argument("--response-body-mode", choices=RESPONSE_BODY_MODES, default=d.response_body_mode)
-    g.add_argument("--response-header-mode", choices=RESPONSE_HEADER_MODES, default=d.response_header_mode)
+    g.add_argument(
+        "--request-body-mode",
+        choices=REQUEST_BODY_MODES,
+        default=d.request_body_mode,
+        help="how Envoy sends request bodies to the EPP (default %(default)s)",
+    )
+    g.add_argument(
+        "--response-body-mode",
+        choices=RESPONSE_BODY_MODES,
+        default=d.response_body_mode,
+        help="NONE: fewer round trips, no usage tokens; FULL_DUPLEX_STREAMED: the EPP reads usage tokens",
+    )
+    g.add_argument(
+        "--response-header-mode",
+        choices=RESPONSE_HEADER_MODES,
+        default=d.response_header_mode,
+        help="whether the EPP sees response headers (default %(default)s)",
+    )
     g.add_argument(
         "--message-timeout",
         type=float,

@@ -116,8 +116,7 @@ class _PerPodQueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         fam = GaugeMetricFamily(
             "inference_pool_per_pod_queue_size",
-            _ALPHA
-            + "The total number of requests pending in the model server queue for each underlying pod.",
+            _ALPHA + "The total number of requests pending in the model server queue for each underlying pod.",
             labels=("name", "model_server_pod"),
         )
         for pool, pods in list(self._pools.items()):
@@ -147,29 +146,25 @@ class PrometheusRecorder:
         )
         self._request_error_total = Counter(
             "inference_objective_request_error_total",
-            _ALPHA
-            + "Counter of inference objective requests errors broken out for each model and target model.",
+            _ALPHA + "Counter of inference objective requests errors broken out for each model and target model.",
             (*_MODEL, "error_code"),
             registry=reg,
         )
         self._duration = hist(
             "inference_objective_request_duration_seconds",
-            _ALPHA
-            + "Inference objective response latency distribution in seconds for each model and target model.",
+            _ALPHA + "Inference objective response latency distribution in seconds for each model and target model.",
             _MODEL,
             GENERAL_LATENCY_BUCKETS,
         )
         self._request_sizes = hist(
             "inference_objective_request_sizes",
-            _ALPHA
-            + "Inference objective requests size distribution in bytes for each model and target model.",
+            _ALPHA + "Inference objective requests size distribution in bytes for each model and target model.",
             _MODEL,
             REQUEST_SIZE_BUCKETS,
         )
         self._response_sizes = hist(
             "inference_objective_response_sizes",
-            _ALPHA
-            + "Inference objective responses size distribution in bytes for each model and target model.",
+            _ALPHA + "Inference objective responses size distribution in bytes for each model and target model.",
             _MODEL,
             RESPONSE_SIZE_BUCKETS,
         )
@@ -193,8 +188,7 @@ class PrometheusRecorder:
         )
         self._ntpot = hist(
             "inference_objective_normalized_time_per_output_token_seconds",
-            _ALPHA
-            + "Inference objective latency divided by number of output tokens in seconds for each model and "
+            _ALPHA + "Inference objective latency divided by number of output tokens in seconds for each model and "
             "target model.",
             _MODEL,
             NTPOT_BUCKETS,
@@ -247,8 +241,7 @@ class PrometheusRecorder:
         )
         self._plugin_duration = hist(
             "inference_extension_plugin_duration_seconds",
-            _ALPHA
-            + "Plugin processing latency distribution in seconds for each extension point, plugin type and "
+            _ALPHA + "Plugin processing latency distribution in seconds for each extension point, plugin type and "
             "plugin name.",
             _PLUGIN,
             SCHEDULER_BUCKETS,
@@ -311,25 +304,19 @@ class PrometheusRecorder:
         child.inc()
 
     # --- per request -------------------------------------------------------------------------------
-    def scheduler_attempt(
-        self, success: bool, target_model: str, pod_name: str, namespace: str, port: str
-    ) -> None:
+    def scheduler_attempt(self, success: bool, target_model: str, pod_name: str, namespace: str, port: str) -> None:
         key = (success, target_model, pod_name, namespace, port)
         child = self._c_attempts.get(key)
         if child is None:
             status = "success" if success else "failure"
-            child = self._c_attempts[key] = self._attempts.labels(
-                status, target_model, pod_name, namespace, port
-            )
+            child = self._c_attempts[key] = self._attempts.labels(status, target_model, pod_name, namespace, port)
         child.inc()
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None:
         key = (model, target_model, priority)
         child = self._c_request_total.get(key)
         if child is None:
-            child = self._c_request_total[key] = self._request_total.labels(
-                model, target_model, str(priority)
-            )
+            child = self._c_request_total[key] = self._request_total.labels(model, target_model, str(priority))
         child.inc()
 
     def request_error(self, model: str, target_model: str, error_code: str) -> None:
@@ -338,9 +325,7 @@ class PrometheusRecorder:
         key = (model, target_model, error_code)
         child = self._c_request_error.get(key)
         if child is None:
-            child = self._c_request_error[key] = self._request_error_total.labels(
-                model, target_model, error_code
-            )
+            child = self._c_request_error[key] = self._request_error_total.labels(model, target_model, error_code)
         child.inc()
 
     def running_requests(self, model: str, delta: int) -> None:

@@ -17,6 +17,7 @@ from llm_epp.framework import (
     ErrorCode,
     InferenceRequest,
     Recorder,
+    TypedName,
 )
 from llm_epp.framework.requestcontrol import (
     Admission,
@@ -116,9 +117,7 @@ class Director:
             )
         return list(endpoints)
 
-    async def handle_request(
-        self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None
-    ) -> None:
+    async def handle_request(self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None) -> None:
         """Fills `record` with the routing decision. Raises EppError for answers to send to the client."""
         headers = record.headers
         record.path = request_path(headers)
@@ -165,23 +164,22 @@ class Director:
         if target != incoming:
             record.body_out = rewrite_model(parsed.payload, target)
         key = record.endpoint.key
-        self.recorder.scheduler_attempt(
-            True, target, key.name, key.namespace, str(record.endpoint.metadata.port)
-        )
+        self.recorder.scheduler_attempt(True, target, key.name, key.namespace, str(record.endpoint.metadata.port))
         self.recorder.request_scheduled(incoming, target, request.priority)
         self.recorder.running_requests(incoming, 1)
         record.scheduled = True
         for plugin in self.plugins.pre_request:
-            self._guard("PreRequest", plugin, lambda p=plugin: p.pre_request(request, result))
+            try:
+                plugin.pre_request(request, result)
+            except Exception:
+                self._plugin_failed("PreRequest", plugin.typed_name)
 
-    def _route_bodyless(self, record: RecordLike, subset: Sequence[str] | None) -> None:
+    def _route_bodyless(self, record: RequestRecord, subset: Sequence[str] | None) -> None:
         candidates = self.candidates(record.headers, subset)
         chosen = candidates[0] if len(candidates) == 1 else self._rng.choice(candidates)
         record.endpoint = chosen
         record.destination = chosen.hostport
-        record.request = InferenceRequest(
-            record.request_id, "", "", RequestBody(ApiKind.NONE), headers=record.headers
-        )
+        record.request = InferenceRequest(record.request_id, "", "", RequestBody(ApiKind.NONE), headers=record.headers)
 
     async def _prepare_and_admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         for plugin in self.plugins.prepare_data:
@@ -204,11 +202,10 @@ class Director:
         if request is None or not record.scheduled:
             return
         for plugin in self.plugins.response_received:
-            self._guard(
-                "ResponseReceived",
-                plugin,
-                lambda p=plugin: p.response_received(request, info, record.endpoint),
-            )
+            try:
+                plugin.response_received(request, info, record.endpoint)
+            except Exception:
+                self._plugin_failed("ResponseReceived", plugin.typed_name)
 
     def finish(self, record: RequestRecord, complete: bool) -> None:
         """Ends the request exactly once: completion hooks, running-requests gauge and metrics.
@@ -227,11 +224,10 @@ class Director:
             complete=complete,
         )
         for plugin in self.plugins.response_complete:
-            self._guard(
-                "ResponseComplete",
-                plugin,
-                lambda p=plugin: p.response_complete(request, info, record.endpoint),
-            )
+            try:
+                plugin.response_complete(request, info, record.endpoint)
+            except Exception:
+                self._plugin_failed("ResponseComplete", plugin.typed_name)
         rec = self.recorder
         rec.running_requests(record.incoming_model, -1)
         if complete and record.response_status and record.response_status >= 400:
@@ -249,14 +245,6 @@ class Director:
                 usage.cached_tokens if usage else None,
             )
 
-    def _guard(self, point: str, plugin: object, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception:
-            name = getattr(plugin, "typed_name", None)
-            log.exception("plugin_failed extension_point=%s plugin=%s", point, name)
-            if name is not None:
-                self.recorder.plugin_error(point, name)
-
-
-RecordLike = RequestRecord
+    def _plugin_failed(self, point: str, name: TypedName) -> None:
+        log.exception("plugin_failed extension_point=%s plugin=%s", point, name)
+        self.recorder.plugin_error(point, name)

@@ -82,7 +82,7 @@ def parse_request(path: str, body: bytes) -> tuple[RequestBody, str]:
         raise _bad("the request body must be a JSON object")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("model not found in request body: set \"model\" to the name of the model to use")
+        raise _bad('model not found in request body: set "model" to the name of the model to use')
     api = detect_api(path)
     _check_shape(api, payload, path)
     salt = payload.get("cache_salt")

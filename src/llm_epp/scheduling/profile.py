@@ -53,9 +53,7 @@ class SchedulerProfile:
         self._recorder = recorder
         self._rng = rng or random.Random()
 
-    def run(
-        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
-    ) -> ProfileResult | None:
+    def run(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> ProfileResult | None:
         """Returns None when the filters leave no endpoint."""
         candidates = self._filter(cycle, request, endpoints)
         if not candidates:

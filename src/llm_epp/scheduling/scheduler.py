@@ -28,9 +28,7 @@ class SchedulingFailedError(Exception):
 
 
 class Scheduler:
-    def __init__(
-        self, handler: ProfileHandler, profiles: Mapping[str, SchedulerProfile], recorder: Recorder
-    ) -> None:
+    def __init__(self, handler: ProfileHandler, profiles: Mapping[str, SchedulerProfile], recorder: Recorder) -> None:
         if not profiles:
             raise ValueError("a scheduler needs at least one profile")
         self.handler = handler

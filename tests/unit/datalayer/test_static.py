@@ -22,7 +22,13 @@ def test_parse_endpoint_list() -> None:
 
 @pytest.mark.parametrize(
     ("value", "fragment"),
-    [("127.0.0.1", "host:port"), ("a:b", "not a number"), ("h:70000", "1-65535"), ("h:1,h:1", "twice"), (",", "empty")],
+    [
+        ("127.0.0.1", "host:port"),
+        ("a:b", "not a number"),
+        ("h:70000", "1-65535"),
+        ("h:1,h:1", "twice"),
+        (",", "empty"),
+    ],
 )
 def test_parse_endpoint_list_errors(value: str, fragment: str) -> None:
     with pytest.raises(EndpointSourceError, match=fragment):

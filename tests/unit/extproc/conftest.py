@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tests.unit.extproc.fake_envoy import Harness
 
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
 from tests.unit.extproc.fake_envoy import (
     BUFFERED,
     FDS,
@@ -90,7 +89,10 @@ async def test_buffered_mode_answers_headers_then_routes_on_body(harness: Harnes
 
 
 async def test_buffered_mode_model_rewrite_resends_body_with_length(harness: Harness) -> None:
-    msgs = [headers_msg({**POST, "x-gateway-model-name-rewrite": "big-model"}, req_mode=BUFFERED), body_msg(body(), True)]
+    msgs = [
+        headers_msg({**POST, "x-gateway-model-name-rewrite": "big-model"}, req_mode=BUFFERED),
+        body_msg(body(), True),
+    ]
     ctx = await harness.run(msgs)
     new = ctx.sent[1].request_body.response.body_mutation.body
     assert json.loads(new)["model"] == "big-model"
@@ -143,7 +145,11 @@ async def test_conformance_selection_header_restricts_candidates(harness: Harnes
 
 
 async def test_client_control_headers_are_removed(harness: Harness) -> None:
-    hdrs = {**POST, "x-gateway-destination-endpoint": "6.6.6.6:1", "x-gateway-destination-endpoint-served": "x"}
+    hdrs = {
+        **POST,
+        "x-gateway-destination-endpoint": "6.6.6.6:1",
+        "x-gateway-destination-endpoint-served": "x",
+    }
     ctx = await harness.run([headers_msg(hdrs), body_msg(body(), True)])
     assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] in ENDPOINTS
     assert "x-gateway-destination-endpoint-served" in removed(ctx.sent[0])
@@ -176,7 +182,9 @@ async def test_bad_requests_get_400_with_openai_error(
 
 async def test_body_over_limit_gets_413_and_stops_reading() -> None:
     h = Harness("10.0.0.1:8000", max_body=1000)
-    ctx = await h.run([headers_msg(POST), body_msg(b"x" * 600, False), body_msg(b"x" * 600, False), body_msg(b"", True)])
+    ctx = await h.run(
+        [headers_msg(POST), body_msg(b"x" * 600, False), body_msg(b"x" * 600, False), body_msg(b"", True)]
+    )
     assert ctx.kinds() == ["immediate_response"]
     assert ctx.sent[0].immediate_response.status.code == 413
     assert "1000 bytes" in json.loads(ctx.sent[0].immediate_response.body)["error"]["message"]
@@ -218,8 +226,17 @@ async def test_streamed_response_is_echoed_and_usage_read_across_split_lines(har
 
 
 async def test_non_streamed_response_usage_and_served_endpoint_header(harness: Harness) -> None:
-    resp = json.dumps({"object": "text_completion", "model": "m", "usage": {"prompt_tokens": 5, "completion_tokens": 2,
-                       "prompt_tokens_details": {"cached_tokens": 4}}}).encode()
+    resp = json.dumps(
+        {
+            "object": "text_completion",
+            "model": "m",
+            "usage": {
+                "prompt_tokens": 5,
+                "completion_tokens": 2,
+                "prompt_tokens_details": {"cached_tokens": 4},
+            },
+        }
+    ).encode()
     msgs = [
         headers_msg(POST, resp_mode=FDS),
         body_msg(body(), True),
@@ -259,9 +276,7 @@ async def test_response_trailers_are_answered(harness: Harness) -> None:
 
 
 async def test_body_mode_none_completes_when_envoy_closes_the_stream(harness: Harness) -> None:
-    ctx = await harness.run(
-        [headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})]
-    )
+    ctx = await harness.run([headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})])
     assert ctx.kinds() == ["request_headers", "request_body", "response_headers"]
     assert len(harness.recorder.completed) == 1
     assert harness.recorder.running == 0

@@ -11,14 +11,38 @@ from llm_epp.requestcontrol.usage import SseUsageReader, usage_from_json, usage_
 @pytest.mark.parametrize(
     ("obj", "expected"),
     [
-        ({"object": "text_completion", "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
-         Usage(3, 4, 7, 0)),
-        ({"usage": {"prompt_tokens": 3, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 2}}},
-         Usage(3, 4, 7, 2)),
-        ({"object": "response", "usage": {"input_tokens": 5, "output_tokens": 6,
-                                          "input_tokens_details": {"cached_tokens": 1}}}, Usage(5, 6, 11, 1)),
-        ({"type": "response.completed", "response": {"usage": {"input_tokens": 1, "output_tokens": 2}}},
-         Usage(1, 2, 3, 0)),
+        (
+            {
+                "object": "text_completion",
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+            },
+            Usage(3, 4, 7, 0),
+        ),
+        (
+            {
+                "usage": {
+                    "prompt_tokens": 3,
+                    "completion_tokens": 4,
+                    "prompt_tokens_details": {"cached_tokens": 2},
+                }
+            },
+            Usage(3, 4, 7, 2),
+        ),
+        (
+            {
+                "object": "response",
+                "usage": {
+                    "input_tokens": 5,
+                    "output_tokens": 6,
+                    "input_tokens_details": {"cached_tokens": 1},
+                },
+            },
+            Usage(5, 6, 11, 1),
+        ),
+        (
+            {"type": "response.completed", "response": {"usage": {"input_tokens": 1, "output_tokens": 2}}},
+            Usage(1, 2, 3, 0),
+        ),
         ({"usage": None}, None),
         ({"choices": []}, None),
         ([1, 2], None),

@@ -49,9 +49,7 @@ class HeaderBasedTestingFilter:
     def typed_name(self) -> TypedName:
         return self._typed_name
 
-    def filter(
-        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
-    ) -> Sequence[Endpoint]:
+    def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
         selection = request.headers.get(HEADER)
         if not selection:
             return ()
