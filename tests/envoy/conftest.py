@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from tests.support.backends import BackendPool
 from tests.support.envoy_proc import EnvoyProcess
 from tests.support.epp import EppProcess
-
-from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 
 pytestmark = pytest.mark.envoy
 

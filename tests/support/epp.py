@@ -79,6 +79,16 @@ class EppProcess:
                 total += float(value)
         return total
 
+    def wait_metric(self, name: str, expected: float, timeout: float = 10.0, **labels: str) -> float:
+        """Polls until the metric reaches `expected` (the EPP records completion just after the last
+        byte is forwarded, so a client can finish reading first). Returns the last value seen."""
+        deadline = time.monotonic() + timeout
+        value = self.metric_value(name, **labels)
+        while value != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+            value = self.metric_value(name, **labels)
+        return value
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

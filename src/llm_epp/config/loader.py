@@ -3,15 +3,17 @@ YAML path (e.g. `plugins[2].parameters.maxNumOfEndpoints: unknown parameter`).""
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from llm_epp.config.defaults import DEFAULT_CONFIG
 from llm_epp.config.schema import FEATURE_GATES, EndpointPickerConfigSpec
@@ -34,6 +36,7 @@ from llm_epp.framework.requestcontrol import (
     ResponseReceived,
 )
 from llm_epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
+from llm_epp.scheduling.profile import TOTAL
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +119,49 @@ def _loc(loc: Sequence[int | str]) -> str:
     return out or "(top level)"
 
 
+def _known_keys() -> list[str]:
+    keys: set[str] = set()
+    pending: list[type[BaseModel]] = [EndpointPickerConfigSpec]
+    while pending:
+        model = pending.pop()
+        for name, f in model.model_fields.items():
+            keys.add(f.alias or name)
+            for arg in typing.get_args(f.annotation) or (f.annotation,):
+                for inner in typing.get_args(arg) or (arg,):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        pending.append(inner)
+    return sorted(keys)
+
+
+def _did_you_mean(key: str) -> str:
+    if key == "data":
+        return "; the data layer section is called dataLayer"
+    close = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return "; keys are camelCase as in the reference EPP (e.g. pluginRef, schedulingProfiles)"
+
+
 def _schema_problems(err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
         where = _loc(e["loc"])
         if e["type"] == "extra_forbidden":
-            problems.append(f"{where}: unknown field (check spelling; keys are camelCase, e.g. pluginRef)")
+            problems.append(f"{where}: unknown field{_did_you_mean(str(e['loc'][-1]))}")
         elif e["type"] == "literal_error":
             problems.append(f"{where}: {e['msg']}")
         else:
             problems.append(f"{where}: {e['msg']}")
     return problems
+
+
+def _unused_name(base: str, taken: set[str]) -> str:
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name
 
 
 def load_config(
@@ -158,6 +193,8 @@ def load_config_text(
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
+    if raw is None:  # only comments
+        return load_config_text(None, registry, recorder, endpoints)
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
     try:
@@ -183,10 +220,15 @@ def _build(
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
     handle = _LoaderHandle(plugins, endpoints)
+    seen_names: set[str] = set()
     for i, ps in enumerate(spec.plugins):
         name = ps.name or ps.type
-        if name in types:
+        if name in seen_names:
             problems.append(f"plugins[{i}].name: plugin name {name!r} is used twice; give each a unique name")
+            continue
+        seen_names.add(name)
+        if name == TOTAL:
+            problems.append(f"plugins[{i}].name: {TOTAL!r} is reserved for the summed score; choose another name")
             continue
         try:
             plugins[name] = registry.build(ps.type, name, ps.parameters, handle)
@@ -248,10 +290,12 @@ def _build(
             if existing:
                 pickers = existing[:1]
             else:
-                auto = registry.build("max-score-picker", "max-score-picker", None, handle)
-                plugins["max-score-picker"] = auto
-                types["max-score-picker"] = "max-score-picker"
-                pickers = [auto]  # type: ignore[list-item]
+                auto_name = _unused_name("max-score-picker", seen_names)
+                auto = registry.build("max-score-picker", auto_name, None, handle)
+                assert isinstance(auto, Picker)
+                plugins[auto_name] = auto
+                types[auto_name] = "max-score-picker"
+                pickers = [auto]
         picker = pickers[0]
         profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder)
         descriptions.append(
@@ -271,11 +315,12 @@ def _build(
     elif handlers:
         handler = handlers[0]
     elif len(profile_specs) == 1:
-        built = registry.build("single-profile-handler", "single-profile-handler", None, handle)
+        auto_name = _unused_name("single-profile-handler", seen_names)
+        built = registry.build("single-profile-handler", auto_name, None, handle)
         assert isinstance(built, ProfileHandler)
         handler = built
-        plugins["single-profile-handler"] = built
-        types["single-profile-handler"] = "single-profile-handler"
+        plugins[auto_name] = built
+        types[auto_name] = "single-profile-handler"
     else:
         problems.append(
             f"schedulingProfiles: {len(profile_specs)} profiles need a profile handler plugin that can run them"

@@ -11,7 +11,7 @@ FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=False, frozen=True)
 
 
 class PluginSpec(_Model):
@@ -22,7 +22,7 @@ class PluginSpec(_Model):
 
 class ProfilePluginRef(_Model):
     plugin_ref: str = Field(alias="pluginRef", min_length=1)
-    weight: float | None = Field(default=None, ge=0)
+    weight: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class SchedulingProfileSpec(_Model):

@@ -45,6 +45,7 @@ class _Stream:
         "req_mode",
         "resp_mode",
         "routed",
+        "saw_response_headers",
         "sse",
         "subset",
     )
@@ -57,6 +58,7 @@ class _Stream:
         self.body_len = 0
         self.subset: list[str] | None = None
         self.routed = False
+        self.saw_response_headers = False
         self.forbidden_present: list[str] = []
         self.sse: SseUsageReader | None = None
         self.json_body: list[bytes] | None = None
@@ -86,19 +88,22 @@ class ExtProcServicer:
             complete = await self._loop(st, ctx)
         finally:
             if st.record is not None:
+                if not complete and st.saw_response_headers and st.resp_mode == ProcessingMode.NONE:
+                    # Without response bodies Envoy keeps the stream (trailer mode SEND) until the response
+                    # is over, then cancels it: a stream ending after the response headers is a completion.
+                    complete = True
                 self.director.finish(st.record, complete)
 
     async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> bool:
         """Returns True when the response completed (as far as this stream could see)."""
         eof = grpc.aio.EOF
         write = ctx.write
-        saw_response_headers = False
         while True:
             req = await ctx.read()
             if req is eof:
                 # Envoy closes the stream when the HTTP exchange is over. With response bodies not sent
                 # to us, that is how completion is learnt.
-                return saw_response_headers and st.resp_mode == ProcessingMode.NONE
+                return st.saw_response_headers and st.resp_mode == ProcessingMode.NONE
             kind = req.WhichOneof("request")
             if kind == "request_body":
                 rb = req.request_body
@@ -138,7 +143,7 @@ class ExtProcServicer:
                 elif st.req_mode != FDS:
                     await write(codec.EMPTY_REQUEST_HEADERS)
             elif kind == "response_headers":
-                saw_response_headers = True
+                st.saw_response_headers = True
                 await write(self._on_response_headers(st, req))
                 if req.response_headers.end_of_stream:
                     return True

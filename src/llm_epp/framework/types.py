@@ -156,8 +156,8 @@ class ScoredEndpoint:
 class ProfileResult:
     """A profile's decision: target endpoints in order of preference (first = primary).
 
-    `scores` holds, per endpoint key, the total and every scorer's weighted contribution, for explaining
-    decisions; empty when the profile had no scorers."""
+    `scores` holds, per endpoint key, the summed score under "total" and every scorer's weighted
+    contribution under the scorer's name, for explaining decisions."""
 
     target_endpoints: tuple[Endpoint, ...]
     scores: Mapping[EndpointKey, Mapping[str, float]] = field(default_factory=_empty)

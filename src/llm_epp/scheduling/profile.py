@@ -9,7 +9,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llm_epp.framework import (
@@ -28,6 +28,8 @@ from llm_epp.framework import (
 log = logging.getLogger(__name__)
 
 _perf = time.perf_counter
+
+TOTAL = "total"  # the key of the summed score in a ProfileResult's breakdown; no plugin may use the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class SchedulerProfile:
         self.name = name
         self.filters = tuple(filters)
         self.scorers = tuple(scorers)
+        if any(ws.scorer.typed_name.name == TOTAL for ws in self.scorers):
+            raise ValueError(f"a scorer may not be named {TOTAL!r}: the name is reserved for the summed score")
         self.picker = picker
         self._recorder = recorder
         self._rng = rng or random.Random()
@@ -88,6 +92,8 @@ class SchedulerProfile:
             start = _perf()
             try:
                 scores = scorer.score(cycle, request, candidates)
+                if not isinstance(scores, Mapping):
+                    raise TypeError(f"score() returned {type(scores).__name__}, not a mapping")
             except Exception:
                 log.exception("scorer_failed plugin=%s", scorer.typed_name)
                 rec.plugin_error("Scorer", scorer.typed_name)
@@ -101,9 +107,10 @@ class SchedulerProfile:
                     rec.score_out_of_range(scorer.typed_name)
                 weighted = value * ws.weight
                 totals[key] += weighted
-                breakdown[key][label] = weighted
+                parts = breakdown[key]
+                parts[label] = parts.get(label, 0.0) + weighted
         for key, total in totals.items():
-            breakdown[key]["total"] = total
+            breakdown[key][TOTAL] = total
         scored = [ScoredEndpoint(e, totals[e.key]) for e in candidates]
         return scored, breakdown
 
@@ -117,6 +124,8 @@ class SchedulerProfile:
         start = _perf()
         try:
             result = self.picker.pick(cycle, scored)
+            if not isinstance(result, ProfileResult):
+                raise TypeError(f"pick() returned {type(result).__name__}, not a ProfileResult")
         except Exception:
             log.exception("picker_failed plugin=%s", self.picker.typed_name)
             rec.plugin_error("Picker", self.picker.typed_name)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.unit.extproc.fake_envoy import Harness
 
 

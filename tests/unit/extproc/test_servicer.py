@@ -7,6 +7,7 @@ import json
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
 from tests.unit.extproc.fake_envoy import (
     BUFFERED,
     FDS,
@@ -293,3 +294,13 @@ async def test_stream_closed_before_response_is_not_a_completion(harness: Harnes
     await harness.run([headers_msg(POST), body_msg(body(), True)])
     assert harness.recorder.running == 0
     assert harness.recorder.completed == []
+
+
+async def test_body_mode_none_cancel_after_response_headers_is_a_completion(harness: Harness) -> None:
+    # Envoy (response trailer mode SEND, body NONE) cancels the stream when the response ends.
+    with pytest.raises(asyncio.CancelledError):
+        await harness.run(
+            [headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})], cancel_at_end=True
+        )
+    assert len(harness.recorder.completed) == 1
+    assert harness.recorder.running == 0

@@ -196,14 +196,8 @@ def test_counters(rec: PrometheusRecorder) -> None:
     rec.scheduler_attempt(False, "", "", "", "")
     rec.plugin_error("Filter", TypedName("header-based-testing-filter", "f1"))
     rec.score_out_of_range(QUEUE)
-    assert (
-        value(rec, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0")
-        == 2
-    )
-    assert (
-        value(rec, "inference_objective_request_total", model_name="m", target_model_name="t", priority="-1")
-        == 1
-    )
+    assert value(rec, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0") == 2
+    assert value(rec, "inference_objective_request_total", model_name="m", target_model_name="t", priority="-1") == 1
     err = {"model_name": "m", "target_model_name": "t"}
     assert value(rec, "inference_objective_request_error_total", error_code="ResourceExhausted", **err) == 1
     assert value(rec, "inference_objective_request_error_total", error_code="", **err) is None
@@ -214,12 +208,7 @@ def test_counters(rec: PrometheusRecorder) -> None:
     assert value(rec, attempts, status="failure", **failed) == 1
     plugin = {"extension_point": "Filter", "plugin_type": "header-based-testing-filter", "plugin_name": "f1"}
     assert value(rec, "llm_epp_plugin_errors_total", **plugin) == 1
-    assert (
-        value(
-            rec, "llm_epp_scores_out_of_range_total", plugin_type="queue-scorer", plugin_name="queue-scorer"
-        )
-        == 1
-    )
+    assert value(rec, "llm_epp_scores_out_of_range_total", plugin_type="queue-scorer", plugin_name="queue-scorer") == 1
 
 
 def test_plugin_duration_labels(rec: PrometheusRecorder) -> None:
@@ -265,14 +254,8 @@ def test_pool_gauges_replace_per_pod_series(rec: PrometheusRecorder) -> None:
 def test_recorders_are_independent() -> None:
     a, b = PrometheusRecorder(), PrometheusRecorder()
     a.request_scheduled("m", "t", 0)
-    assert (
-        value(a, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0")
-        == 1
-    )
-    assert (
-        value(b, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0")
-        is None
-    )
+    assert value(a, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0") == 1
+    assert value(b, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0") is None
 
 
 def test_metrics_server_serves_and_stops(rec: PrometheusRecorder) -> None:
@@ -284,9 +267,7 @@ def test_metrics_server_serves_and_stops(rec: PrometheusRecorder) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             body = resp.read().decode()
             assert resp.status == 200
-        assert (
-            'inference_objective_request_total{model_name="m",priority="0",target_model_name="t"} 1.0' in body
-        )
+        assert 'inference_objective_request_total{model_name="m",priority="0",target_model_name="t"} 1.0' in body
     finally:
         server.stop()
     with pytest.raises(urllib.error.URLError):

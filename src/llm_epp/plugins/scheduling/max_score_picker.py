@@ -13,6 +13,7 @@ Configuration:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -41,14 +42,19 @@ class MaxScorePicker:
         if not scored:
             return ProfileResult(())
         if self.max_endpoints == 1:
-            best = max(s.score for s in scored)
-            top = [s for s in scored if s.score == best]
+            best = max(_rank(s) for s in scored)
+            top = [s for s in scored if _rank(s) == best]
             chosen = top[0] if len(top) == 1 else self._rng.choice(top)
             return ProfileResult((chosen.endpoint,))
         shuffled = list(scored)
         self._rng.shuffle(shuffled)
-        shuffled.sort(key=lambda s: s.score, reverse=True)  # stable: shuffle order breaks ties
+        shuffled.sort(key=_rank, reverse=True)  # stable: shuffle order breaks ties
         return ProfileResult(tuple(s.endpoint for s in shuffled[: self.max_endpoints]))
+
+
+def _rank(s: ScoredEndpoint) -> float:
+    """The score, with NaN ranked below everything."""
+    return s.score if s.score == s.score else -math.inf
 
 
 def factory(name: str, params: Params, handle: Handle) -> MaxScorePicker:

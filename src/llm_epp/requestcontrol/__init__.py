@@ -1,0 +1,1 @@
+"""The director and per-request lifecycle: parsing, candidates, scheduling, response hooks."""

@@ -1,0 +1,113 @@
+"""Contract tests for every entry of `builtin_registry()`: naming, module layout, documented headings,
+parameter validation, and the extension points the built plugin implements."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
+from llm_epp.framework.registry import PluginParamsError
+from llm_epp.plugins import builtin_registry
+from tests.unit.builders import FakeHandle
+
+REGISTRY = builtin_registry()
+TYPES = REGISTRY.types()
+HEADINGS = ("Scheduling intent", "Inputs consumed", "Configuration")
+EXTENSION_POINTS: tuple[Any, ...] = (Filter, Scorer, Picker, ProfileHandler)
+TESTS_ROOT = Path(__file__).resolve().parents[1]
+
+# Parameters as they appear in reference EndpointPickerConfig files.
+REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
+    "max-score-picker": {"maxNumOfEndpoints": 2},
+    "random-picker": {"maxNumOfEndpoints": 2},
+}
+
+
+def _module(plugin_type: str) -> ModuleType:
+    return sys.modules[REGISTRY.entry(plugin_type).factory.__module__]
+
+
+def _camel(plugin_type: str) -> str:
+    return "".join(part.capitalize() for part in plugin_type.split("-"))
+
+
+def test_the_registry_is_not_empty() -> None:
+    assert TYPES
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_default_params_are_valid(plugin_type: str) -> None:
+    params = REGISTRY.parse_params(plugin_type, None)
+    assert isinstance(params, REGISTRY.entry(plugin_type).params_model)
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_unknown_parameter_keys_are_rejected_by_name(plugin_type: str) -> None:
+    with pytest.raises(PluginParamsError) as info:
+        REGISTRY.parse_params(plugin_type, {"noSuchParameter": 1})
+    assert info.value.problems == [("noSuchParameter", "unknown parameter")]
+    assert "noSuchParameter" in str(info.value)
+
+
+@pytest.mark.parametrize("plugin_type", sorted(REFERENCE_PARAMS))
+def test_builds_from_reference_params(plugin_type: str) -> None:
+    assert plugin_type in REGISTRY
+    plugin = REGISTRY.build(plugin_type, "custom", REFERENCE_PARAMS[plugin_type], FakeHandle())
+    assert plugin.typed_name.name == "custom"
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_module_docstring_has_the_readme_headings(plugin_type: str) -> None:
+    doc = _module(plugin_type).__doc__ or ""
+    for heading in HEADINGS:
+        assert re.search(rf"^{heading}:?[ \t]*$", doc, re.MULTILINE), f"missing heading {heading!r}"
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_module_exports_type_params_and_factory(plugin_type: str) -> None:
+    module = _module(plugin_type)
+    entry = REGISTRY.entry(plugin_type)
+    assert module.TYPE == plugin_type
+    assert entry.params_model is module.Params
+    assert entry.factory is module.factory
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_names_are_mechanical(plugin_type: str) -> None:
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", plugin_type), "types are kebab-case"
+    module = _module(plugin_type)
+    snake = plugin_type.replace("-", "_")
+    assert module.__name__.rsplit(".", 1)[1] == snake
+    plugin = REGISTRY.build(plugin_type, plugin_type, None, FakeHandle())
+    assert type(plugin).__name__ == _camel(plugin_type)
+    assert (TESTS_ROOT / "unit" / "plugins" / f"test_{snake}.py").is_file(), "each plugin has a test module"
+
+
+@pytest.mark.parametrize("plugin_type", TYPES)
+def test_built_plugin_implements_an_extension_point(plugin_type: str) -> None:
+    plugin = REGISTRY.build(plugin_type, "instance", None, FakeHandle())
+    assert plugin.typed_name.type == plugin_type
+    assert plugin.typed_name.name == "instance"
+    implemented = [p.__name__ for p in EXTENSION_POINTS if isinstance(plugin, p)]
+    assert implemented, "implements none of Filter, Scorer, Picker, ProfileHandler"
+    if isinstance(plugin, Scorer):
+        assert isinstance(plugin.category, ScorerCategory)
+
+
+def test_the_registry_refuses_duplicate_registration() -> None:
+    module = _module(TYPES[0])
+    registry = Registry()
+    registry.register(module.TYPE, module.Params, module.factory)
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(module.TYPE, module.Params, module.factory)
+
+
+def test_builtin_registry_is_fresh_each_time() -> None:
+    assert builtin_registry() is not REGISTRY
+    assert builtin_registry().types() == TYPES

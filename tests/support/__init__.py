@@ -1,0 +1,1 @@
+"""Helpers shared by the test suites: free ports, a real Envoy process, stub model servers."""
