@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
-from tests.support.backends import BackendPool
-from tests.support.envoy_proc import EnvoyProcess
+from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.sim.stub import BackendPool
 from tests.support.epp import EppProcess
 
 pytestmark = pytest.mark.envoy

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from llm_epp.sim.stub import BackendPool
 from tests.envoy.conftest import Stack, start_stack, stop_stack
-from tests.support.backends import BackendPool
 
 pytestmark = pytest.mark.envoy
 

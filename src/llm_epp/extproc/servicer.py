@@ -44,6 +44,7 @@ class _Stream:
         "record",
         "req_mode",
         "resp_mode",
+        "response_done",
         "routed",
         "saw_response_headers",
         "sse",
@@ -59,6 +60,7 @@ class _Stream:
         self.subset: list[str] | None = None
         self.routed = False
         self.saw_response_headers = False
+        self.response_done = False
         self.forbidden_present: list[str] = []
         self.sse: SseUsageReader | None = None
         self.json_body: list[bytes] | None = None
@@ -85,25 +87,25 @@ class ExtProcServicer:
         st = _Stream()
         complete = False
         try:
-            complete = await self._loop(st, ctx)
+            await self._loop(st, ctx)
         finally:
             if st.record is not None:
+                complete = st.response_done
                 if not complete and st.saw_response_headers and st.resp_mode == ProcessingMode.NONE:
                     # Without response bodies Envoy keeps the stream (trailer mode SEND) until the response
                     # is over, then cancels it: a stream ending after the response headers is a completion.
                     complete = True
                 self.director.finish(st.record, complete)
 
-    async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> bool:
-        """Returns True when the response completed (as far as this stream could see)."""
+    async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> None:
+        """Runs until the stream ends. `st.response_done` is set *before* the last answer is written: Envoy
+        may cancel the stream as soon as it has that answer, interrupting the write."""
         eof = grpc.aio.EOF
         write = ctx.write
         while True:
             req = await ctx.read()
             if req is eof:
-                # Envoy closes the stream when the HTTP exchange is over. With response bodies not sent
-                # to us, that is how completion is learnt.
-                return st.saw_response_headers and st.resp_mode == ProcessingMode.NONE
+                return
             kind = req.WhichOneof("request")
             if kind == "request_body":
                 rb = req.request_body
@@ -112,15 +114,18 @@ class ExtProcServicer:
                     st.body_len += len(rb.body)
                     if st.body_len > self.max_body:
                         await write(self._too_large(st))
-                        return False
+                        return
                 if rb.end_of_stream:
                     if not await self._route(st, write, trailers=False):
-                        return False
+                        return
                 elif st.req_mode == STREAMED:
                     await write(codec.EMPTY_REQUEST_BODY)
             elif kind == "response_body":
                 rb = req.response_body
                 done = self._on_response_body(st, rb.body, rb.end_of_stream)
+                if done:
+                    self._finish_usage(st)
+                    st.response_done = True
                 if st.resp_mode == FDS:
                     body = rb.body
                     if st.record is not None and st.record.model_rewritten and body:
@@ -130,8 +135,7 @@ class ExtProcServicer:
                 else:
                     await write(codec.EMPTY_RESPONSE_BODY)
                 if done:
-                    self._finish_usage(st)
-                    return True
+                    return
             elif kind == "request_headers":
                 if req.HasField("protocol_config"):
                     st.req_mode = req.protocol_config.request_body_mode
@@ -139,23 +143,27 @@ class ExtProcServicer:
                 self._on_request_headers(st, req)
                 if req.request_headers.end_of_stream:
                     if not await self._route(st, write, trailers=False, bodyless=True):
-                        return False
+                        return
                 elif st.req_mode != FDS:
                     await write(codec.EMPTY_REQUEST_HEADERS)
             elif kind == "response_headers":
                 st.saw_response_headers = True
-                await write(self._on_response_headers(st, req))
+                answer = self._on_response_headers(st, req)
                 if req.response_headers.end_of_stream:
-                    return True
+                    st.response_done = True
+                await write(answer)
+                if st.response_done:
+                    return
             elif kind == "request_trailers":
                 if not st.routed:
                     if not await self._route(st, write, trailers=True):
-                        return False
+                        return
                 await write(codec.REQUEST_TRAILERS)
             elif kind == "response_trailers":
                 self._finish_usage(st)
+                st.response_done = True
                 await write(codec.RESPONSE_TRAILERS)
-                return True
+                return
 
     # --- request side ---------------------------------------------------------------------------------
     def _on_request_headers(self, st: _Stream, req: Any) -> None:

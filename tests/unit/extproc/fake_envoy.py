@@ -73,9 +73,12 @@ class FakeContext:
     """Plays Envoy's side of one stream: `read()` returns the scripted messages, then EOF (or raises
     CancelledError to model a client that went away); `write()` collects decoded answers."""
 
-    def __init__(self, messages: Iterable[pb.ProcessingRequest], cancel_at_end: bool = False) -> None:
+    def __init__(
+        self, messages: Iterable[pb.ProcessingRequest], cancel_at_end: bool = False, cancel_on_write: int = -1
+    ) -> None:
         self._messages = list(messages)
         self._cancel = cancel_at_end
+        self._cancel_on_write = cancel_on_write  # models Envoy resetting the stream once it has an answer
         self.sent: list[pb.ProcessingResponse] = []
 
     async def read(self) -> Any:
@@ -87,6 +90,8 @@ class FakeContext:
 
     async def write(self, data: bytes) -> None:
         self.sent.append(pb.ProcessingResponse.FromString(data))
+        if len(self.sent) - 1 == self._cancel_on_write:
+            raise asyncio.CancelledError()
 
     def kinds(self) -> list[str]:
         return [m.WhichOneof("response") for m in self.sent]
@@ -123,7 +128,9 @@ class Harness:
         )
         self.servicer = ExtProcServicer(self.director, max_body)
 
-    async def run(self, messages: Sequence[pb.ProcessingRequest], cancel_at_end: bool = False) -> FakeContext:
-        ctx = FakeContext(messages, cancel_at_end)
+    async def run(
+        self, messages: Sequence[pb.ProcessingRequest], cancel_at_end: bool = False, cancel_on_write: int = -1
+    ) -> FakeContext:
+        ctx = FakeContext(messages, cancel_at_end, cancel_on_write)
         await self.servicer.process(None, ctx)  # type: ignore[arg-type]
         return ctx

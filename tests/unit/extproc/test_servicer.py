@@ -304,3 +304,18 @@ async def test_body_mode_none_cancel_after_response_headers_is_a_completion(harn
         )
     assert len(harness.recorder.completed) == 1
     assert harness.recorder.running == 0
+
+
+async def test_completion_counts_when_envoy_resets_during_the_last_answer(harness: Harness) -> None:
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "text/event-stream"}),
+        response_body_msg(b'data: {"usage": {"prompt_tokens": 2, "completion_tokens": 1}}\n\n', False),
+        response_body_msg(b"data: [DONE]\n\n", True),
+    ]
+    with pytest.raises(asyncio.CancelledError):
+        await harness.run(msgs, cancel_on_write=4)  # the echo of the last chunk
+    assert len(harness.recorder.completed) == 1
+    assert harness.recorder.completed[0][-3:] == (2, 1, 0)
+    assert harness.recorder.running == 0

@@ -32,8 +32,8 @@ from google.protobuf.struct_pb2 import Struct
 
 from llm_epp.gateway import envoy_config as ec
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap, render, validate
-from tests.support.backends import BackendPool
-from tests.support.envoy_proc import EnvoyProcess, validate_config_file
+from llm_epp.gateway.envoy_process import EnvoyProcess, validate_config_file
+from llm_epp.sim.stub import BackendPool
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.envoy

@@ -1,4 +1,5 @@
-"""Stub OpenAI-compatible model servers (stdlib asyncio, HTTP/1.1) for gateway tests.
+"""Stub OpenAI-compatible model servers (stdlib asyncio, HTTP/1.1) for the demo, tests and overhead
+benchmarks: they answer at once, or after a set TTFT and inter-token delay, and model no GPU.
 
 Each ``Backend`` listens on 127.0.0.1 (port 0 by default), tags every response with
 ``x-backend-name: <name>``, and records every request it receives.  Request bodies may be sent with

