@@ -89,6 +89,9 @@ class FakeRecorder:
     to a list named after the method (`plugin_errors`, `out_of_range`, ...)."""
 
     plugin_durations: list[tuple[str, TypedName, float]] = field(default_factory=list)
+    rewrites: list[tuple[str, str, str]] = field(default_factory=list)
+    prefix_sizes: list[int] = field(default_factory=list)
+    prefix_matches: list[tuple[float, int]] = field(default_factory=list)
     plugin_errors: list[tuple[str, TypedName]] = field(default_factory=list)
     scheduler_durations: list[float] = field(default_factory=list)
     out_of_range: list[TypedName] = field(default_factory=list)
@@ -146,6 +149,15 @@ class FakeRecorder:
             )
         )
 
+    def model_rewrite(self, rule: str, model: str, target_model: str) -> None:
+        self.rewrites.append((rule, model, target_model))
+
+    def prefix_index_size(self, entries: int) -> None:
+        self.prefix_sizes.append(entries)
+
+    def prefix_match(self, hit_ratio: float, hit_chars: int) -> None:
+        self.prefix_matches.append((hit_ratio, hit_chars))
+
     def durations_for(self, extension_point: str) -> list[str]:
         """Names of the plugins timed at `extension_point`, in call order."""
         return [tn.name for ep, tn, _ in self.plugin_durations if ep == extension_point]
@@ -164,6 +176,13 @@ class FakeHandle:
 
     def endpoints(self) -> Sequence[Endpoint]:
         return tuple(self.pool)
+
+    @property
+    def recorder(self) -> FakeRecorder:
+        return self._recorder
+
+    def __post_init__(self) -> None:
+        self._recorder = FakeRecorder()
 
     def now(self) -> float:
         return self.clock

@@ -95,9 +95,16 @@ class LoadedConfig:
 
 
 class _LoaderHandle:
-    def __init__(self, plugins: dict[str, Plugin], endpoints: Callable[[], Sequence[Endpoint]]) -> None:
+    def __init__(
+        self, plugins: dict[str, Plugin], endpoints: Callable[[], Sequence[Endpoint]], recorder: Recorder
+    ) -> None:
         self._plugins = plugins
         self._endpoints = endpoints
+        self._recorder = recorder
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._recorder
 
     def plugin(self, name: str) -> Plugin | None:
         return self._plugins.get(name)
@@ -219,7 +226,7 @@ def _build(
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
-    handle = _LoaderHandle(plugins, endpoints)
+    handle = _LoaderHandle(plugins, endpoints, recorder)
     seen_names: set[str] = set()
     for i, ps in enumerate(spec.plugins):
         name = ps.name or ps.type

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 
-from llm_epp.framework.types import EMPTY_METRICS, Endpoint, EndpointKey, EndpointMetadata, Metrics
+from llm_epp.framework.types import EMPTY_METRICS, Endpoint, EndpointKey, EndpointMetadata, InFlightLoad, Metrics
 
 
 class Datastore:
@@ -14,6 +14,7 @@ class Datastore:
         self.pool_name = pool_name
         self._metadata: dict[EndpointKey, EndpointMetadata] = {}
         self._metrics: dict[EndpointKey, Metrics] = {}
+        self._load: dict[EndpointKey, InFlightLoad] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()
         self._by_hostport: dict[str, Endpoint] = {}
         self.synced = False
@@ -26,6 +27,7 @@ class Datastore:
         for key in list(self._metadata):
             if key not in new:
                 self._metrics.pop(key, None)
+                self._load.pop(key, None)
         self._metadata = new
         self.synced = True
         self._changed()
@@ -38,6 +40,7 @@ class Datastore:
     def delete(self, key: EndpointKey) -> None:
         if self._metadata.pop(key, None) is not None:
             self._metrics.pop(key, None)
+            self._load.pop(key, None)
             self._changed()
 
     def clear(self) -> None:
@@ -54,10 +57,18 @@ class Datastore:
         """All endpoints with their latest metrics; cached until something changes."""
         snap = self._snapshot
         if snap is None:
-            snap = tuple(Endpoint(m, self._metrics.get(k, EMPTY_METRICS)) for k, m in self._metadata.items())
+            snap = tuple(
+                Endpoint(m, self._metrics.get(k, EMPTY_METRICS), self._load_of(k)) for k, m in self._metadata.items()
+            )
             self._snapshot = snap
             self._by_hostport = {e.hostport: e for e in snap}
         return snap
+
+    def _load_of(self, key: EndpointKey) -> InFlightLoad:
+        load = self._load.get(key)
+        if load is None:
+            load = self._load[key] = InFlightLoad()
+        return load
 
     def by_hostport(self, hostport: str) -> Endpoint | None:
         self.snapshot()

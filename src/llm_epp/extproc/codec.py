@@ -30,12 +30,15 @@ _ERROR_TYPES = {
 
 
 def read_headers(msg: Any) -> dict[str, str]:
-    """HeaderMap -> dict with lower-case names. Envoy puts values in raw_value (bytes)."""
-    out: dict[str, str] = {}
-    for hv in msg.headers.headers:
-        raw = hv.raw_value
-        out[hv.key.lower()] = raw.decode("utf-8", "replace") if raw else hv.value
-    return out
+    """HeaderMap -> dict. Envoy sends lower-case names and puts values in raw_value (bytes)."""
+    return {hv.key: hv.raw_value.decode("utf-8", "replace") or hv.value for hv in msg.headers.headers}
+
+
+def read_some_headers(msg: Any, names: frozenset[str]) -> dict[str, str]:
+    """Only the named headers (response headers: the EPP needs a handful of the many a server sends)."""
+    return {
+        hv.key: hv.raw_value.decode("utf-8", "replace") or hv.value for hv in msg.headers.headers if hv.key in names
+    }
 
 
 def read_metadata(req: Any, namespace: str, key: str) -> Any:

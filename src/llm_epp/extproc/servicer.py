@@ -26,11 +26,16 @@ from llm_epp.requestcontrol.usage import SseUsageReader, usage_from_json
 
 log = logging.getLogger(__name__)
 
+VERBOSE = 15  # the reference's -v 3: one line per request
+
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 FDS = ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = ProcessingMode.BUFFERED
 STREAMED = ProcessingMode.STREAMED
-_MAX_USAGE_BODY = 4 << 20  # non-streamed responses larger than this are not parsed for usage
+_MAX_USAGE_BODY = 4 << 20
+_RESPONSE_HEADERS = frozenset(
+    (":status", h.CONTENT_TYPE, h.CONTENT_LENGTH, h.DESTINATION_SERVED)
+)  # non-streamed responses larger than this are not parsed for usage
 
 
 class _Stream:
@@ -187,14 +192,18 @@ class ExtProcServicer:
         try:
             await self.director.handle_request(record, body, st.subset)
         except EppError as e:
-            log.info("request_rejected request_id=%s code=%s reason=%s", record.request_id, e.code.value, e.message)
+            if log.isEnabledFor(VERBOSE):
+                log.log(
+                    VERBOSE, "request_rejected request_id=%s code=%s: %s", record.request_id, e.code.value, e.message
+                )
             await write(codec.immediate_response(e, record.request_id))
             return False
         st.routed = True
         extra = [(h.REQUEST_ID, record.request_id)] if record.request_id_generated else []
         remove = [n for n in st.forbidden_present if n != h.DESTINATION]
-        if log.isEnabledFor(logging.INFO):
-            log.info(
+        if log.isEnabledFor(VERBOSE):
+            log.log(
+                VERBOSE,
                 "endpoint_picked request_id=%s model=%s target_model=%s endpoint=%s",
                 record.request_id,
                 record.incoming_model,
@@ -230,7 +239,7 @@ class ExtProcServicer:
         record = st.record
         if record is None:
             return codec.EMPTY_RESPONSE_HEADERS
-        headers = codec.read_headers(req.response_headers)
+        headers = codec.read_some_headers(req.response_headers, _RESPONSE_HEADERS)
         status = headers.get(":status", "")
         record.response_status = int(status) if status.isdigit() else 0
         record.response_streaming = "text/event-stream" in headers.get(h.CONTENT_TYPE, "")

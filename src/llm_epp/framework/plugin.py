@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from llm_epp.framework.types import Endpoint
+
+if TYPE_CHECKING:
+    from llm_epp.framework.recorder import Recorder
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +41,14 @@ class PluginParams(BaseModel):
 
 
 class Handle(Protocol):
-    """What a plugin factory may use: other plugins by name, the current endpoints, and a clock."""
+    """What a plugin factory may use: other plugins by name, the current endpoints, a monotonic clock, and
+    the recorder for the plugin's own metrics."""
 
     def plugin(self, name: str) -> Plugin | None: ...
 
     def endpoints(self) -> Sequence[Endpoint]: ...
 
     def now(self) -> float: ...
+
+    @property
+    def recorder(self) -> Recorder: ...

@@ -24,6 +24,13 @@ class Recorder(Protocol):
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None: ...
 
+    # --- prefix-cache index (reference: inference_extension_prefix_indexer_*) ---------------------------
+    def prefix_index_size(self, entries: int) -> None: ...
+
+    def prefix_match(self, hit_ratio: float, hit_chars: int) -> None: ...
+
+    def model_rewrite(self, rule: str, model: str, target_model: str) -> None: ...
+
     def request_error(self, model: str, target_model: str, error_code: str) -> None: ...
 
     def running_requests(self, model: str, delta: int) -> None: ...
@@ -60,6 +67,15 @@ class NullRecorder:
         pass
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None:
+        pass
+
+    def prefix_index_size(self, entries: int) -> None:
+        pass
+
+    def prefix_match(self, hit_ratio: float, hit_chars: int) -> None:
+        pass
+
+    def model_rewrite(self, rule: str, model: str, target_model: str) -> None:
         pass
 
     def request_error(self, model: str, target_model: str, error_code: str) -> None:

@@ -1,5 +1,9 @@
-"""Request-control extension points, run by the director around scheduling. They are `async def` and
-run under deadlines; PreRequest and the response hooks must not block the event loop.
+"""Request-control extension points, run by the director around scheduling. PrepareData and Admission
+are `async def` and run under deadlines; PreRequest and the response hooks are plain `def`s (they run
+for every request and must be cheap). None may block the event loop.
+
+Every hook gets the request's `CycleState`: one object for the whole life of the request, from
+PrepareData through scheduling to completion, for plugins to pass data between their own hooks.
 
 Pairing rule: a plugin that reserves something in `pre_request` releases it in `response_complete`.
 The director calls `response_complete` exactly once for every request that reached `pre_request`,
@@ -13,6 +17,7 @@ from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.state import CycleState
 from llm_epp.framework.types import Endpoint, InferenceRequest, SchedulingResult
 
 
@@ -44,7 +49,9 @@ class PrepareData(Protocol):
     @property
     def typed_name(self) -> TypedName: ...
 
-    async def prepare_data(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None: ...
+    async def prepare_data(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -54,7 +61,9 @@ class Admission(Protocol):
     @property
     def typed_name(self) -> TypedName: ...
 
-    async def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None: ...
+    async def admit(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> str | None: ...
 
 
 @runtime_checkable
@@ -64,7 +73,7 @@ class PreRequest(Protocol):
     @property
     def typed_name(self) -> TypedName: ...
 
-    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+    def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None: ...
 
 
 @runtime_checkable
@@ -75,7 +84,7 @@ class ResponseReceived(Protocol):
     def typed_name(self) -> TypedName: ...
 
     def response_received(
-        self, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
     ) -> None: ...
 
 
@@ -87,5 +96,5 @@ class ResponseComplete(Protocol):
     def typed_name(self) -> TypedName: ...
 
     def response_complete(
-        self, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
     ) -> None: ...

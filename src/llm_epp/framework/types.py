@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
@@ -19,9 +19,9 @@ def _empty() -> Mapping[Any, Any]:
     return _EMPTY
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class EndpointKey:
-    """Identity of an endpoint: the reference's NamespacedName (`<pod>-rank-<idx>` in Kubernetes)."""
+class EndpointKey(NamedTuple):
+    """Identity of an endpoint: the reference's NamespacedName (`<pod>-rank-<idx>` in Kubernetes).
+    A tuple, so hashing (every scorer returns a mapping keyed by it) runs in C."""
 
     namespace: str
     name: str
@@ -92,13 +92,31 @@ class Metrics:
 EMPTY_METRICS = Metrics()
 
 
+class InFlightLoad:
+    """What the EPP itself has sent to an endpoint and not yet seen finish: requests and estimated tokens.
+
+    Reserved when a request is scheduled and released exactly once when it ends, so it is a fresh load
+    signal between metric scrapes. The EPP updates it on the event loop between scheduling cycles; a
+    cycle, which never yields, sees consistent values. Plugins must treat it as read-only."""
+
+    __slots__ = ("requests", "tokens")
+
+    def __init__(self, requests: int = 0, tokens: int = 0) -> None:
+        self.requests = requests
+        self.tokens = tokens
+
+    def __repr__(self) -> str:
+        return f"InFlightLoad(requests={self.requests}, tokens={self.tokens})"
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """A read-only view of one endpoint for one scheduling cycle: metadata, metrics, and attributes
-    produced by data-producer plugins (keyed by attribute name)."""
+    """A read-only view of one endpoint for one scheduling cycle: metadata, the last scraped metrics,
+    the EPP's own in-flight load, and attributes produced by data-producer plugins (keyed by name)."""
 
     metadata: EndpointMetadata
     metrics: Metrics = EMPTY_METRICS
+    load: InFlightLoad = field(default_factory=InFlightLoad)
     attributes: Mapping[str, Any] = field(default_factory=_empty)
 
     @property

@@ -1,17 +1,24 @@
-"""Logging setup: stdlib `logging` records (the codebase logs through `logging.getLogger(__name__)`)
-rendered by structlog's ProcessorFormatter, as JSON (one object per line) or for the console.
+"""Logging setup on the stdlib `logging` module: the codebase logs through `logging.getLogger(__name__)`
+and one handler on the root logger renders each record as a single line, either JSON (one object per
+line, serialised with orjson) or for the console (`<timestamp> <LEVEL> <logger>: <event> key=value ...`).
 
 `-v N` mirrors the reference: ≤2 DEFAULT → INFO, 3 VERBOSE (15), 4 DEBUG, ≥5 TRACE (5). Request
-context (`request_id`, `model`, `target_model`) is bound through contextvars once per request and then
-appears on every line logged by that request's task."""
+context (`request_id`, `model`, `target_model`) is bound once per request in a context variable; every
+line logged in that context (the ext_proc stream's task: asyncio tasks copy contexts) carries it.
+`extra={...}` fields of a log call are rendered after the request context.
+
+Formatting is kept cheap (it runs several times per request): no `datetime` per line (the
+`YYYY-MM-DDTHH:MM:SS` prefix is cached per second), no `logging.Formatter.format` machinery."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import IO
+import time
+from contextvars import ContextVar
+from typing import IO, Any
 
-import structlog
+import orjson
 
 VERBOSE = 15
 TRACE = 5
@@ -21,7 +28,22 @@ logging.addLevelName(TRACE, "TRACE")
 # Chatty libraries (httpx logs one INFO line per scrape) stay at WARNING below TRACE.
 _QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes")
 _HANDLER_MARK = "_llm_epp_handler"
-_REQUEST_KEYS = ("request_id", "model", "target_model")
+
+# The request context of the current task: its fields and their console rendering (" key=value ..."),
+# rendered once at bind time. Never mutated; bind_request installs a new one.
+_REQUEST: ContextVar[tuple[dict[str, str], str] | None] = ContextVar("llm_epp_request", default=None)
+
+# Attributes every LogRecord has; anything else on a record came in through `extra={...}`. "message" and
+# "asctime" are added by `logging.Formatter.format` (another handler may have formatted the record first),
+# "taskName" exists from Python 3.12.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_PLAIN_RECORD_SIZE = len(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+
+_MILLIS = tuple(f"{ms:03d}Z" for ms in range(1000))
 
 
 def level_for_verbosity(verbosity: int) -> int:
@@ -35,31 +57,10 @@ def level_for_verbosity(verbosity: int) -> int:
 
 
 def configure_logging(verbosity: int = 2, json: bool = False, *, stream: IO[str] | None = None) -> None:
-    """Installs one handler on the root logger (replacing a previous one installed here; other handlers
-    are left alone) and routes `structlog.get_logger()` through the same formatter. Idempotent."""
-    shared: list[structlog.types.Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    out = stream if stream is not None else sys.stderr
-    renderer: structlog.types.Processor
-    if json:
-        final: list[structlog.types.Processor] = [
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ]
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
-        final = [structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]
-    formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
-        processors=final,
-    )
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(formatter)
+    """Installs one handler on the root logger writing to `stream` (default stderr), replacing a previous
+    one installed here (other handlers are left alone), and sets the root level. Idempotent."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if json else ConsoleFormatter())
     setattr(handler, _HANDLER_MARK, True)
 
     root = logging.getLogger()
@@ -72,34 +73,118 @@ def configure_logging(verbosity: int = 2, json: bool = False, *, stream: IO[str]
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if level <= TRACE else logging.WARNING)
 
-    structlog.configure(
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
-    )
-
 
 def bind_request(request_id: str, model: str = "", target_model: str = "") -> None:
-    """Binds the request's identity to the current context (the ext_proc stream's task)."""
+    """Binds the request's identity to the current context (the ext_proc stream's task), replacing any
+    identity bound before in it. Empty `model` / `target_model` are left out."""
     values = {"request_id": request_id}
     if model:
         values["model"] = model
     if target_model:
         values["target_model"] = target_model
-    structlog.contextvars.bind_contextvars(**values)
+    _REQUEST.set((values, _console_fields(values)))
 
 
 def clear_request() -> None:
-    structlog.contextvars.unbind_contextvars(*_REQUEST_KEYS)
+    _REQUEST.set(None)
 
 
-def _isatty(stream: IO[str]) -> bool:
+class _LineFormatter(logging.Formatter):
+    """Shared pieces: the timestamp, the extras, the traceback text (cached on the record like the stdlib
+    does). `format` is overridden whole; `logging.Formatter` only contributes `formatException`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = (-1, "")  # (whole second, "YYYY-MM-DDTHH:MM:SS."); one tuple, so threads see a pair
+        self._levels: dict[int, str] = {}
+
+    def _timestamp(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        cached_second, prefix = self._second
+        if second != cached_second:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
+            self._second = (second, prefix)
+        return prefix + _MILLIS[int(record.msecs)]
+
+    def _tail(self, record: logging.LogRecord) -> tuple[dict[str, Any] | None, str | None]:
+        """The record's `extra={...}` fields (None if none) and its traceback / stack text (None if none)."""
+        attrs = record.__dict__
+        extras = None
+        if len(attrs) != _PLAIN_RECORD_SIZE:  # something was added to the record
+            extras = {key: value for key, value in attrs.items() if key not in _RECORD_ATTRS} or None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        trace = record.exc_text or None
+        if record.stack_info:
+            trace = f"{trace}\n{record.stack_info}" if trace else record.stack_info
+        return extras, trace
+
+
+class JsonFormatter(_LineFormatter):
+    """`{"timestamp", "level", "logger", "event", <request context>, <extras>, "exception"?}`; `exception`
+    holds the traceback and/or the stack (`stack_info=True`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = self._levels.get(record.levelno)
+        if level is None:
+            level = self._levels[record.levelno] = record.levelname.lower()
+        line: dict[str, Any] = {
+            "timestamp": self._timestamp(record),
+            "level": level,
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        context = _REQUEST.get()
+        if context is not None:
+            line.update(context[0])
+        extras, trace = self._tail(record)
+        if extras:
+            line.update(extras)
+        if trace:
+            line["exception"] = trace
+        try:
+            return _dumps(line)
+        except TypeError:  # e.g. an int beyond 64 bits, which `default` is not asked about: str() that field
+            return _dumps({key: _json_safe(value) for key, value in line.items()})
+
+
+class ConsoleFormatter(_LineFormatter):
+    """`2026-11-29T12:00:00.123Z INFO  logger.name: event key=value ...`, traceback on following lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = self._levels.get(record.levelno)
+        if level is None:
+            level = self._levels[record.levelno] = f"{record.levelname:<5}"
+        line = f"{self._timestamp(record)} {level} {record.name}: {record.getMessage()}"
+        context = _REQUEST.get()
+        if context is not None:
+            line += context[1]
+        extras, trace = self._tail(record)
+        if extras:
+            line += _console_fields(extras)
+        if trace:
+            line += "\n" + trace
+        return line
+
+
+def _dumps(value: object) -> str:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _json_safe(value: object) -> object:
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
+        _dumps(value)
+    except TypeError:
+        return str(value)
+    return value
+
+
+def _console_fields(fields: dict[str, Any]) -> str:
+    return "".join([f" {key}={_console_value(value)}" for key, value in fields.items()])
+
+
+def _console_value(value: object) -> str:
+    text = value if isinstance(value, str) else str(value)
+    if not text or " " in text or '"' in text or not text.isprintable():
+        return orjson.dumps(text).decode()  # quoted, with escapes
+    return text

@@ -246,6 +246,29 @@ class PrometheusRecorder:
             _PLUGIN,
             SCHEDULER_BUCKETS,
         )
+        self._prefix_size = Gauge(
+            "inference_extension_prefix_indexer_size",
+            _ALPHA + "Size of the prefix indexer.",
+            registry=reg,
+        )
+        self._prefix_hit_ratio = hist(
+            "inference_extension_prefix_indexer_hit_ratio",
+            _ALPHA + "Ratio of prefix length matched to total prefix length in the cache lookup.",
+            (),
+            tuple(i / 10 for i in range(11)),
+        )
+        self._prefix_hit_bytes = hist(
+            "inference_extension_prefix_indexer_hit_bytes",
+            _ALPHA + "Length of the prefix match in number of bytes in the cache lookup.",
+            (),
+            (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
+        )
+        self._rewrites = Counter(
+            "inference_extension_model_rewrite_decisions_total",
+            _ALPHA + "Total number of model rewrite decisions.",
+            ("model_rewrite_name", "model_name", "target_model"),
+            registry=reg,
+        )
         info = Gauge(
             "inference_extension_info",
             _ALPHA + "General information of the current build of Inference Extension.",
@@ -311,6 +334,16 @@ class PrometheusRecorder:
             status = "success" if success else "failure"
             child = self._c_attempts[key] = self._attempts.labels(status, target_model, pod_name, namespace, port)
         child.inc()
+
+    def prefix_index_size(self, entries: int) -> None:
+        self._prefix_size.set(entries)
+
+    def prefix_match(self, hit_ratio: float, hit_chars: int) -> None:
+        self._prefix_hit_ratio.labels().observe(hit_ratio)
+        self._prefix_hit_bytes.labels().observe(hit_chars)
+
+    def model_rewrite(self, rule: str, model: str, target_model: str) -> None:
+        self._rewrites.labels(rule, model, target_model).inc()
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None:
         key = (model, target_model, priority)

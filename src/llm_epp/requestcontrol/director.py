@@ -10,8 +10,10 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llm_epp.framework import (
+    CycleState,
     Endpoint,
     EppError,
     ErrorCode,
@@ -19,6 +21,7 @@ from llm_epp.framework import (
     Recorder,
     TypedName,
 )
+from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.requestcontrol import (
     Admission,
     PrepareData,
@@ -51,10 +54,35 @@ class RequestPlugins:
     response_complete: Sequence[ResponseComplete] = ()
 
 
+class Objectives(Protocol):
+    """InferenceObjectives (priority by objective name) and InferenceModelRewrite rules, from Kubernetes
+    or a static file."""
+
+    def priority(self, objective: str) -> int | None: ...
+
+    def rewrite(self, model: str) -> tuple[str, str] | None:
+        """(target model, rule name) when a rewrite rule matches `model`, else None."""
+        ...
+
+
+class NoObjectives:
+    def priority(self, objective: str) -> int | None:
+        return None
+
+    def rewrite(self, model: str) -> tuple[str, str] | None:
+        return None
+
+
 @dataclass
 class DirectorOptions:
     disable_subset_filter: bool = False
-    objectives: Mapping[str, int] = field(default_factory=dict)  # objective name -> priority
+    objectives: Objectives = field(default_factory=NoObjectives)
+
+
+def estimate_tokens(body_bytes: int) -> int:
+    """The reference's in-flight token estimate: input = max(bytes / 4, 1) plus 1.5x that for output."""
+    prompt = max(body_bytes // 4, 1)
+    return prompt + round(prompt * 1.5)
 
 
 def _matches(entry: str, endpoint: Endpoint) -> bool:
@@ -88,12 +116,14 @@ class Director:
         recorder: Recorder,
         options: DirectorOptions | None = None,
         rng: random.Random | None = None,
+        saturation: SaturationDetector | None = None,
     ) -> None:
         self._snapshot = snapshot
         self.scheduler = scheduler
         self.plugins = plugins
         self.recorder = recorder
         self.options = options or DirectorOptions()
+        self.saturation = saturation
         self._rng = rng or random.Random()
 
     # --- request path ---------------------------------------------------------------------------------
@@ -117,8 +147,13 @@ class Director:
             )
         return list(endpoints)
 
-    async def handle_request(self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None) -> None:
-        """Fills `record` with the routing decision. Raises EppError for answers to send to the client."""
+    async def handle_request(
+        self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None, dry_run: bool = False
+    ) -> None:
+        """Fills `record` with the routing decision. Raises EppError for answers to send to the client.
+
+        `dry_run` decides without reserving anything: no PreRequest hooks (which update e.g. the prefix
+        index), no in-flight accounting, no running-request metrics."""
         headers = record.headers
         record.path = request_path(headers)
         if body is None:
@@ -130,26 +165,34 @@ class Director:
         except EppError as e:
             self.recorder.request_error("", "", e.code.value)
             raise
+        objectives = self.options.objectives
         target = headers.get(MODEL_REWRITE_HEADER) or incoming
+        rule = objectives.rewrite(incoming)
+        if rule is not None:
+            target = rule[0]
+            self.recorder.model_rewrite(rule[1], incoming, target)
         record.incoming_model, record.target_model = incoming, target
         objective = headers.get(OBJECTIVE_HEADER, "")
+        priority = objectives.priority(objective) if objective else None
         request = InferenceRequest(
             request_id=record.request_id,
             incoming_model=incoming,
             target_model=target,
             body=parsed,
             headers=headers,
-            priority=self.options.objectives.get(objective, 0),
+            priority=priority or 0,
             objective=objective,
             fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
             size_bytes=len(body),
         )
         record.request = request
+        cycle = record.cycle
         try:
             candidates = self.candidates(headers, subset)
-            await self._prepare_and_admit(request, candidates)
+            self._shed_if_saturated(request, candidates)
+            await self._prepare_and_admit(cycle, request, candidates)
             try:
-                result = self.scheduler.schedule(request, candidates)
+                result = self.scheduler.schedule(request, candidates, cycle)
             except SchedulingFailedError as e:
                 self.recorder.scheduler_attempt(False, target, "", "", "")
                 raise EppError(ErrorCode.RESOURCE_EXHAUSTED, str(e)) from None
@@ -165,12 +208,18 @@ class Director:
             record.body_out = rewrite_model(parsed.payload, target)
         key = record.endpoint.key
         self.recorder.scheduler_attempt(True, target, key.name, key.namespace, str(record.endpoint.metadata.port))
+        if dry_run:
+            return
         self.recorder.request_scheduled(incoming, target, request.priority)
         self.recorder.running_requests(incoming, 1)
+        load = record.endpoint.load
+        record.reserved_tokens = estimate_tokens(len(body))
+        load.requests += 1
+        load.tokens += record.reserved_tokens
         record.scheduled = True
         for plugin in self.plugins.pre_request:
             try:
-                plugin.pre_request(request, result)
+                plugin.pre_request(cycle, request, result)
             except Exception:
                 self._plugin_failed("PreRequest", plugin.typed_name)
 
@@ -181,18 +230,30 @@ class Director:
         record.destination = chosen.hostport
         record.request = InferenceRequest(record.request_id, "", "", RequestBody(ApiKind.NONE), headers=record.headers)
 
-    async def _prepare_and_admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+    def _shed_if_saturated(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        """Legacy admission: a sheddable request (priority < 0) is refused while the candidates are saturated."""
+        if request.priority >= 0 or self.saturation is None:
+            return
+        if self.saturation.saturation(candidates) >= 1.0:
+            raise EppError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                "system saturated, sheddable request dropped: retry later or send it with a higher priority",
+            )
+
+    async def _prepare_and_admit(
+        self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> None:
         for plugin in self.plugins.prepare_data:
             try:
                 async with asyncio.timeout(PREPARE_DATA_TIMEOUT_S):
-                    await plugin.prepare_data(request, candidates)
+                    await plugin.prepare_data(cycle, request, candidates)
             except TimeoutError:
                 log.warning("prepare_data_timeout plugin=%s", plugin.typed_name)
             except Exception:
                 log.exception("prepare_data_failed plugin=%s", plugin.typed_name)
                 self.recorder.plugin_error("PrepareData", plugin.typed_name)
         for admission in self.plugins.admission:
-            reason = await admission.admit(request, candidates)
+            reason = await admission.admit(cycle, request, candidates)
             if reason is not None:
                 raise EppError(ErrorCode.INTERNAL, f"request cannot be admitted: {reason}")
 
@@ -203,7 +264,7 @@ class Director:
             return
         for plugin in self.plugins.response_received:
             try:
-                plugin.response_received(request, info, record.endpoint)
+                plugin.response_received(record.cycle, request, info, record.endpoint)
             except Exception:
                 self._plugin_failed("ResponseReceived", plugin.typed_name)
 
@@ -215,6 +276,11 @@ class Director:
         record.finished = True
         if not record.scheduled or record.request is None:
             return
+        endpoint = record.endpoint
+        if endpoint is not None:  # release the reservation (a removed endpoint's counter is simply dropped)
+            load = endpoint.load
+            load.requests = max(load.requests - 1, 0)
+            load.tokens = max(load.tokens - record.reserved_tokens, 0)
         request = record.request
         info = ResponseInfo(
             status=record.response_status,
@@ -225,7 +291,7 @@ class Director:
         )
         for plugin in self.plugins.response_complete:
             try:
-                plugin.response_complete(request, info, record.endpoint)
+                plugin.response_complete(record.cycle, request, info, record.endpoint)
             except Exception:
                 self._plugin_failed("ResponseComplete", plugin.typed_name)
         rec = self.recorder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from llm_epp.framework import Endpoint, InferenceRequest, SchedulingResult
+from llm_epp.framework import CycleState, Endpoint, InferenceRequest, SchedulingResult
 from llm_epp.framework.requestcontrol import Usage
 
 
@@ -29,6 +29,8 @@ class RequestRecord:
     response_bytes: int = 0
     served_endpoint: str = ""
     usage: Usage | None = None
+    cycle: CycleState = field(default_factory=CycleState)
+    reserved_tokens: int = 0
     scheduled: bool = False
     finished: bool = False
 

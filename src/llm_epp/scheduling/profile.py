@@ -100,12 +100,18 @@ class SchedulerProfile:
                 scores = {}
             rec.plugin_duration("Scorer", scorer.typed_name, _perf() - start)
             label = scorer.typed_name.name
+            weight = ws.weight
+            get = scores.get
             for key in totals:
-                raw = scores.get(key, 0.0)
-                value = _clamp(raw)
-                if value != raw:
+                value = get(key, 0.0)
+                try:
+                    in_range = 0.0 <= value <= 1.0  # False for NaN
+                except TypeError:
+                    in_range = False
+                if not in_range:
+                    value = _clamp(value)
                     rec.score_out_of_range(scorer.typed_name)
-                weighted = value * ws.weight
+                weighted = value * weight
                 totals[key] += weighted
                 parts = breakdown[key]
                 parts[label] = parts.get(label, 0.0) + weighted

@@ -92,6 +92,10 @@ EXPECTED = {
         {"extension_point", "plugin_type", "plugin_name"},
     ),
     "inference_extension_info": ("gauge", {"commit", "build_ref"}),
+    "inference_extension_model_rewrite_decisions": ("counter", {"model_rewrite_name", "model_name", "target_model"}),
+    "inference_extension_prefix_indexer_size": ("gauge", set()),
+    "inference_extension_prefix_indexer_hit_ratio": ("histogram", set()),
+    "inference_extension_prefix_indexer_hit_bytes": ("histogram", set()),
     "llm_epp_plugin_errors": ("counter", {"extension_point", "plugin_type", "plugin_name"}),
     "llm_epp_scores_out_of_range": ("counter", {"plugin_type", "plugin_name"}),
 }
@@ -281,3 +285,13 @@ def test_metrics_server_context_manager(rec: PrometheusRecorder) -> None:
     with MetricsServer(rec.registry, "127.0.0.1", 0) as server:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as resp:
             assert b"inference_extension_info" in resp.read()
+
+
+def test_prefix_index_and_rewrite_metrics(rec: PrometheusRecorder) -> None:
+    rec.prefix_index_size(42)
+    rec.prefix_match(0.5, 1024)
+    rec.model_rewrite("canary", "m", "m-v2")
+    assert value(rec, "inference_extension_prefix_indexer_size") == 42
+    assert value(rec, "inference_extension_prefix_indexer_hit_ratio_count") == 1
+    assert value(rec, "inference_extension_prefix_indexer_hit_bytes_sum") == 1024
+    assert value(rec, "inference_extension_model_rewrite_decisions_total", model_rewrite_name="canary") == 1
