@@ -87,8 +87,9 @@ def build(opts: Options) -> Components:
         ),
         recorder,
         DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter),
+        saturation=config.saturation,
     )
-    servicer = ExtProcServicer(director, opts.max_request_body_bytes)
+    servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
     health = HealthState(synced=datastore.synced)
     return Components(datastore, recorder, config, director, servicer, health, watcher)
 

@@ -65,6 +65,18 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=2, help="log verbosity: 2 info, 4 debug, 5 trace")
     p.add_argument("--zap-encoder", choices=("json", "console"), default="console", help="log format")
     p.add_argument("--ports-file", default="", help="write the bound ports as JSON here once serving")
+    _bool_flag(
+        p,
+        "--enable-explain",
+        False,
+        "answer requests carrying x-llm-epp-explain: 1 with each candidate's scores in the response header "
+        "x-gateway-destination-endpoint-scores",
+    )
+    p.add_argument(
+        "--objectives-file",
+        default="",
+        help="YAML with InferenceObjective priorities and model rewrite rules (without Kubernetes); reloaded on change",
+    )
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -87,6 +99,8 @@ def _options(args: argparse.Namespace) -> Options:
         verbosity=args.verbosity,
         json_logs=args.zap_encoder == "json",
         ports_file=args.ports_file,
+        enable_explain=args.enable_explain,
+        objectives_file=args.objectives_file,
     )
 
 

@@ -25,3 +25,5 @@ class Options:
     verbosity: int = 2
     json_logs: bool = False
     ports_file: str = ""
+    enable_explain: bool = False
+    objectives_file: str = ""

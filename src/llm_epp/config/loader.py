@@ -27,7 +27,8 @@ from llm_epp.framework import (
     Registry,
     Scorer,
 )
-from llm_epp.framework.registry import PluginParamsError, UnknownPluginTypeError
+from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.registry import PluginLoadError, PluginParamsError, UnknownPluginTypeError
 from llm_epp.framework.requestcontrol import (
     Admission,
     PrepareData,
@@ -41,6 +42,7 @@ from llm_epp.scheduling.profile import TOTAL
 log = logging.getLogger(__name__)
 
 _SUPPORTED_PARSERS = ("openai-parser",)
+DEFAULT_SATURATION_DETECTOR = "utilization-detector"  # the reference instantiates it when none is configured
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,7 @@ class LoadedConfig:
     plugin_params: dict[str, dict[str, Any]]
     profiles: list[ProfileDescription]
     handler_name: str
+    saturation: SaturationDetector | None = None
     prepare_data: list[PrepareData] = field(default_factory=list)
     admission: list[Admission] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
@@ -239,12 +242,15 @@ def _build(
             continue
         try:
             plugins[name] = registry.build(ps.type, name, ps.parameters, handle)
-        except UnknownPluginTypeError as e:
+        except (UnknownPluginTypeError, PluginLoadError) as e:
             problems.append(f"plugins[{i}].type: {e}")
             continue
         except PluginParamsError as e:
             for path, msg in e.problems:
                 problems.append(f"plugins[{i}].parameters{'.' + path if path else ''}: {msg}")
+            continue
+        except Exception as e:  # a plugin's own factory failed: report it with the others
+            problems.append(f"plugins[{i}]: creating {name!r} ({ps.type}) failed: {e!r}")
             continue
         types[name] = ps.type
         params[name] = dict(ps.parameters or {})
@@ -343,10 +349,21 @@ def _build(
         ref = spec.parser.plugin_ref
         if types.get(ref) not in _SUPPORTED_PARSERS:
             problems.append(f"parser.pluginRef: {ref!r} is not supported; use one of {', '.join(_SUPPORTED_PARSERS)}")
-    if spec.saturation_detector is not None and spec.saturation_detector.plugin_ref not in plugins:
-        problems.append(
-            f"saturationDetector.pluginRef: no plugin named {spec.saturation_detector.plugin_ref!r} is defined"
-        )
+    saturation: SaturationDetector | None = None
+    if spec.saturation_detector is not None:
+        ref = spec.saturation_detector.plugin_ref
+        detector = plugins.get(ref)
+        if detector is None:
+            problems.append(f"saturationDetector.pluginRef: no plugin named {ref!r} is defined")
+        elif not isinstance(detector, SaturationDetector):
+            problems.append(f"saturationDetector.pluginRef: {ref!r} ({types[ref]}) is not a saturation detector")
+        else:
+            saturation = detector
+    elif DEFAULT_SATURATION_DETECTOR in registry:
+        auto_name = _unused_name(DEFAULT_SATURATION_DETECTOR, seen_names)
+        built = registry.build(DEFAULT_SATURATION_DETECTOR, auto_name, None, handle)
+        if isinstance(built, SaturationDetector):
+            saturation = built
     if spec.data_layer is not None:
         for i, src in enumerate(spec.data_layer.sources):
             if src.plugin_ref not in plugins:
@@ -369,6 +386,7 @@ def _build(
         plugin_params=params,
         profiles=descriptions,
         handler_name=handler.typed_name.name,
+        saturation=saturation,
     )
     for p in plugins.values():
         if isinstance(p, PrepareData):

@@ -9,6 +9,8 @@ REQUEST_ID = "x-request-id"
 CONTENT_LENGTH = "content-length"
 CONTENT_TYPE = "content-type"
 CONFORMANCE_SERVED = "x-conformance-test-served-endpoint"
+EXPLAIN_REQUEST = "x-llm-epp-explain"  # request header asking for the scores (needs --enable-explain)
+SCORES = "x-gateway-destination-endpoint-scores"  # response header: each candidate's scores
 
 # Control headers a client must never be able to set: removed from every request the EPP routes.
 CLIENT_FORBIDDEN = (DESTINATION, DESTINATION_SERVED, DESTINATION_SUBSET)

@@ -72,9 +72,12 @@ class _Stream:
 
 
 class ExtProcServicer:
-    def __init__(self, director: Director, max_request_body_bytes: int = 16 << 20) -> None:
+    def __init__(
+        self, director: Director, max_request_body_bytes: int = 16 << 20, enable_explain: bool = False
+    ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
+        self.enable_explain = enable_explain
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -201,6 +204,8 @@ class ExtProcServicer:
         st.routed = True
         extra = [(h.REQUEST_ID, record.request_id)] if record.request_id_generated else []
         remove = [n for n in st.forbidden_present if n != h.DESTINATION]
+        if record.result is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug("scores request_id=%s %s", record.request_id, explain_scores(record))
         if log.isEnabledFor(VERBOSE):
             log.log(
                 VERBOSE,
@@ -258,6 +263,8 @@ class ExtProcServicer:
             remove.append(h.DESTINATION_SERVED)
         if record.served_endpoint:
             set_headers[h.CONFORMANCE_SERVED] = record.served_endpoint
+        if self.enable_explain and record.headers.get(h.EXPLAIN_REQUEST) in _YES and record.result is not None:
+            set_headers[h.SCORES] = explain_scores(record)
         if record.model_rewritten and st.resp_mode == FDS and h.CONTENT_LENGTH in headers:
             remove.append(h.CONTENT_LENGTH)  # the reverse rewrite may change the length
         self.director.response_received(record, _response_info(record))
@@ -287,6 +294,29 @@ class ExtProcServicer:
         elif st.json_body:
             record.usage = usage_from_json(b"".join(st.json_body))
             st.json_body = None
+
+
+_YES = frozenset(("1", "true", "yes"))
+
+
+def explain_scores(record: RequestRecord) -> str:
+    """`ip:port;total=T;<plugin>=<weighted score>;...` per candidate, best first, comma-separated."""
+    primary = record.result.primary if record.result is not None else None
+    if primary is None:
+        return ""
+    hostports = {e.key: e.hostport for e in record.candidates}
+    rows = []
+    for key, parts in primary.scores.items():
+        hostport = hostports.get(key) or str(key)
+        detail = ";".join(f"{name}={value:.4g}" for name, value in parts.items() if name != "total")
+        rows.append(
+            (
+                parts.get("total", 0.0),
+                f"{hostport};total={parts.get('total', 0.0):.4g}" + (";" + detail if detail else ""),
+            )
+        )
+    rows.sort(key=lambda r: -r[0])
+    return ", ".join(text for _, text in rows)
 
 
 def _response_info(record: RequestRecord) -> ResponseInfo:

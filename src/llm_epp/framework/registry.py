@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -52,11 +53,55 @@ def _describe(err: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-class Registry:
-    """Maps plugin type names to their factories. Registering a name twice raises."""
+class PluginLoadError(ValueError):
+    """An out-of-tree plugin that was found but could not be loaded; the message says why."""
 
-    def __init__(self) -> None:
+
+ENTRY_POINT_GROUP = "llm_epp.plugins"
+
+
+class Registry:
+    """Maps plugin type names to their factories. Registering a name twice raises.
+
+    Types not registered in-tree are looked up, on first use only, among the installed packages' entry
+    points of the group `llm_epp.plugins`: the entry point's name is the plugin type and its value a
+    module that exports `TYPE`, `Params` and `factory`, the same shape as the built-in plugin modules."""
+
+    def __init__(self, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
         self._entries: dict[str, RegistryEntry[Any]] = {}
+        self._group = entry_point_group
+
+    def register_module(self, module: Any, source: str = "") -> None:
+        """Registers a plugin module (`TYPE`, `Params`, `factory`)."""
+        where = f" ({source})" if source else ""
+        missing = [a for a in ("TYPE", "Params", "factory") if not hasattr(module, a)]
+        if missing:
+            raise PluginLoadError(f"plugin module {module.__name__}{where} does not export {', '.join(missing)}")
+        params = module.Params
+        if not (isinstance(params, type) and issubclass(params, PluginParams)):
+            raise PluginLoadError(f"{module.__name__}.Params{where} must subclass llm_epp.framework.PluginParams")
+        if not callable(module.factory):
+            raise PluginLoadError(f"{module.__name__}.factory{where} is not callable")
+        self.register(module.TYPE, params, module.factory)
+
+    def _load_entry_point(self, plugin_type: str) -> bool:
+        if self._group is None:
+            return False
+        found = [ep for ep in importlib.metadata.entry_points(group=self._group) if ep.name == plugin_type]
+        if not found:
+            return False
+        ep = found[0]
+        source = f"entry point {ep.name} = {ep.value} of {ep.dist.name if ep.dist else 'unknown package'}"
+        try:
+            module = ep.load()
+        except Exception as e:
+            raise PluginLoadError(f"plugin type {plugin_type!r}: loading {source} failed: {e!r}") from e
+        if getattr(module, "TYPE", plugin_type) != plugin_type:
+            raise PluginLoadError(
+                f"plugin type {plugin_type!r}: {source} exports TYPE = {module.TYPE!r}; the names must match"
+            )
+        self.register_module(module, source)
+        return True
 
     def register(self, plugin_type: str, params_model: type[P], factory: Callable[[str, P, Handle], Plugin]) -> None:
         if plugin_type in self._entries:
@@ -66,14 +111,22 @@ class Registry:
     def __contains__(self, plugin_type: object) -> bool:
         return plugin_type in self._entries
 
+    def external_types(self) -> list[str]:
+        """Plugin types offered by installed packages (not loaded)."""
+        if self._group is None:
+            return []
+        return sorted(ep.name for ep in importlib.metadata.entry_points(group=self._group))
+
     def types(self) -> list[str]:
         return sorted(self._entries)
 
     def entry(self, plugin_type: str) -> RegistryEntry[Any]:
-        try:
-            return self._entries[plugin_type]
-        except KeyError:
-            raise UnknownPluginTypeError(plugin_type, self._entries) from None
+        found = self._entries.get(plugin_type)
+        if found is None and self._load_entry_point(plugin_type):
+            found = self._entries.get(plugin_type)
+        if found is None:
+            raise UnknownPluginTypeError(plugin_type, [*self._entries, *self.external_types()])
+        return found
 
     def parse_params(self, plugin_type: str, raw: Mapping[str, Any] | None) -> PluginParams:
         entry = self.entry(plugin_type)

@@ -82,7 +82,7 @@ class DirectorOptions:
 def estimate_tokens(body_bytes: int) -> int:
     """The reference's in-flight token estimate: input = max(bytes / 4, 1) plus 1.5x that for output."""
     prompt = max(body_bytes // 4, 1)
-    return prompt + round(prompt * 1.5)
+    return prompt + int(prompt * 1.5 + 0.5)  # Go's math.Round: halves away from zero
 
 
 def _matches(entry: str, endpoint: Endpoint) -> bool:
@@ -189,6 +189,7 @@ class Director:
         cycle = record.cycle
         try:
             candidates = self.candidates(headers, subset)
+            record.candidates = candidates
             self._shed_if_saturated(request, candidates)
             await self._prepare_and_admit(cycle, request, candidates)
             try:

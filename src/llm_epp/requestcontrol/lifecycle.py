@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, SchedulingResult
@@ -21,6 +22,7 @@ class RequestRecord:
     request: InferenceRequest | None = None
     result: SchedulingResult | None = None
     endpoint: Endpoint | None = None
+    candidates: Sequence[Endpoint] = ()
     destination: str = ""  # comma-joined host:port list, primary first
     body_out: bytes | None = None  # the body to send upstream when it differs from the one received
     request_bytes: int = 0

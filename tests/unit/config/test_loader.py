@@ -295,12 +295,11 @@ def test_describe_mentions_profiles_weights_and_parameters() -> None:
 
 # ------------------------------------------------------------------------------------------ errors
 
-KNOWN_TYPES = ", ".join(builtin_registry().types())
 
 ERROR_CASES = [
     pytest.param(
         _yaml("plugins:\n- type: queue-scorer\n- type: no-such-scorer\n"),
-        [f"plugins[1].type: unknown plugin type 'no-such-scorer'; known types: {KNOWN_TYPES}"],
+        ["plugins[1].type: unknown plugin type 'no-such-scorer'; known types: ", "queue-scorer"],
         id="unknown-plugin-type",
     ),
     pytest.param(

@@ -29,7 +29,7 @@ def _factory(name: str, params: _Params, handle: Handle) -> _Plugin:
 
 
 def _registry(*types: str) -> Registry:
-    registry = Registry()
+    registry = Registry(entry_point_group=None)
     for t in types or ("fake-picker",):
         registry.register(t, _Params, _factory)
     return registry

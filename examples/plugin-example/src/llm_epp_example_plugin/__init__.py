@@ -1,0 +1,1 @@
+"""An example llm-epp plugin package."""
