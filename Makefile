@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-overhead clean
+.PHONY: test lint typecheck imports unit demo bench-overhead proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -30,6 +30,9 @@ test: lint typecheck imports unit
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m benchmarks.overhead

@@ -26,6 +26,7 @@ from llm_epp.observability import (
     start_health_server,
 )
 from llm_epp.options import Options
+from llm_epp.pickapi import LeaseTable, PickServicer
 from llm_epp.plugins import builtin_registry
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
@@ -52,6 +53,7 @@ class Components:
     servicer: ExtProcServicer
     health: HealthState
     file_watcher: EndpointsFileWatcher | None
+    pick: PickServicer
 
 
 def build(opts: Options) -> Components:
@@ -91,7 +93,14 @@ def build(opts: Options) -> Components:
     )
     servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
     health = HealthState(synced=datastore.synced)
-    return Components(datastore, recorder, config, director, servicer, health, watcher)
+    pick = PickServicer(
+        director,
+        datastore.snapshot,
+        plugins=config.plugins.values(),
+        leases=LeaseTable(director),
+        max_request_body_bytes=opts.max_request_body_bytes,
+    )
+    return Components(datastore, recorder, config, director, servicer, health, watcher, pick)
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
@@ -108,7 +117,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     c = build(opts)
     stop = stop or asyncio.Event()
     server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((c.servicer.handler(),))
+    server.add_generic_rpc_handlers((c.servicer.handler(), c.pick.handler()))
     if opts.health_checking:
         add_health_service(server, c.health)
     address = f"{opts.bind_address}:{opts.grpc_port}"
@@ -145,17 +154,16 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
     try:
         async with asyncio.TaskGroup() as tg:
+            background = [tg.create_task(c.pick.leases.run())]
             if c.file_watcher is not None:
-                watch_task = tg.create_task(c.file_watcher.run())
-            else:
-                watch_task = None
+                background.append(tg.create_task(c.file_watcher.run()))
             await stop.wait()
             log.info("stopping")
             c.health.synced = False
-            await server.stop(grace=5)
+            await server.stop(grace=5)  # Release calls during the grace period still land
             await health_server.stop(None)
-            if watch_task is not None:
-                watch_task.cancel()
+            for task in background:  # cancelling the lease sweeper releases every outstanding lease
+                task.cancel()
     finally:
         metrics.stop()
 

@@ -36,12 +36,9 @@ _REQUEST: ContextVar[tuple[dict[str, str], str] | None] = ContextVar("llm_epp_re
 # Attributes every LogRecord has; anything else on a record came in through `extra={...}`. "message" and
 # "asctime" are added by `logging.Formatter.format` (another handler may have formatted the record first),
 # "taskName" exists from Python 3.12.
-_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message",
-    "asctime",
-    "taskName",
-}
-_PLAIN_RECORD_SIZE = len(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+_PLAIN_RECORD = vars(logging.LogRecord("", 0, "", 0, "", None, None))
+_PLAIN_RECORD_SIZE = len(_PLAIN_RECORD)
+_RECORD_ATTRS = frozenset(_PLAIN_RECORD) | {"message", "asctime", "taskName"}
 
 _MILLIS = tuple(f"{ms:03d}Z" for ms in range(1000))
 
@@ -96,7 +93,7 @@ class _LineFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._second = (-1, "")  # (whole second, "YYYY-MM-DDTHH:MM:SS."); one tuple, so threads see a pair
-        self._levels: dict[int, str] = {}
+        self._levels: dict[str, str] = {}  # levelname → rendered level
 
     def _timestamp(self, record: logging.LogRecord) -> str:
         second = int(record.created)
@@ -125,9 +122,9 @@ class JsonFormatter(_LineFormatter):
     holds the traceback and/or the stack (`stack_info=True`)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        level = self._levels.get(record.levelno)
+        level = self._levels.get(record.levelname)
         if level is None:
-            level = self._levels[record.levelno] = record.levelname.lower()
+            level = self._levels[record.levelname] = record.levelname.lower()
         line: dict[str, Any] = {
             "timestamp": self._timestamp(record),
             "level": level,
@@ -152,9 +149,9 @@ class ConsoleFormatter(_LineFormatter):
     """`2026-11-29T12:00:00.123Z INFO  logger.name: event key=value ...`, traceback on following lines."""
 
     def format(self, record: logging.LogRecord) -> str:
-        level = self._levels.get(record.levelno)
+        level = self._levels.get(record.levelname)
         if level is None:
-            level = self._levels[record.levelno] = f"{record.levelname:<5}"
+            level = self._levels[record.levelname] = f"{record.levelname:<5}"
         line = f"{self._timestamp(record)} {level} {record.name}: {record.getMessage()}"
         context = _REQUEST.get()
         if context is not None:

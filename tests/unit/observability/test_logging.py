@@ -4,14 +4,17 @@ import asyncio
 import io
 import json
 import logging
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from llm_epp.observability.logging import (
     TRACE,
     VERBOSE,
+    ConsoleFormatter,
+    JsonFormatter,
     bind_request,
     clear_request,
     configure_logging,
@@ -33,8 +36,7 @@ def restore_logging() -> Iterator[None]:
             h.close()
     root.setLevel(level)
     logging.getLogger("httpx").setLevel(httpx_level)
-    structlog.contextvars.clear_contextvars()
-    structlog.reset_defaults()
+    clear_request()
 
 
 def lines(buf: io.StringIO) -> list[dict[str, object]]:
@@ -121,28 +123,85 @@ def test_exceptions_are_rendered_in_json() -> None:
     (line,) = lines(buf)
     assert line["level"] == "error"
     assert "RuntimeError: boom" in str(line["exception"])
+    assert list(line)[:4] == ["timestamp", "level", "logger", "event"]
 
 
-def test_structlog_loggers_share_the_setup() -> None:
-    buf = io.StringIO()
-    configure_logging(2, json=True, stream=buf)
-    bind_request("req-2")
-    structlog.get_logger("llm_epp.x").info("scrape_failed", endpoint="e1")
-    structlog.get_logger("llm_epp.x").debug("dropped")
-    (line,) = lines(buf)
-    assert line["event"] == "scrape_failed"
-    assert line["endpoint"] == "e1"
-    assert line["request_id"] == "req-2"
-    assert line["logger"] == "llm_epp.x"
-
-
-def test_console_output() -> None:
+def test_console_line_format() -> None:
     buf = io.StringIO()
     configure_logging(2, json=False, stream=buf)
-    bind_request("req-3")
-    log.info("endpoint_picked")
-    out = buf.getvalue()
-    assert "endpoint_picked" in out and "req-3" in out and "\x1b[" not in out  # no colours off a tty
+    bind_request("req-3", model="food-review")
+    log.info("endpoint_picked pod=%s", "p1", extra={"endpoint": "10.0.0.1:8000", "score": 0.5})
+    clear_request()
+    log.warning("no_context")
+    first, second = buf.getvalue().splitlines()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO  llm_epp\.tests\.observability: endpoint_picked pod=p1"
+        r" request_id=req-3 model=food-review endpoint=10\.0\.0\.1:8000 score=0\.5",
+        first,
+    )
+    assert second.endswith(" WARNING llm_epp.tests.observability: no_context")
+    assert "\x1b[" not in buf.getvalue()
+
+
+def test_console_quotes_values_with_spaces_and_renders_tracebacks() -> None:
+    buf = io.StringIO()
+    configure_logging(2, json=False, stream=buf)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("scorer_failed", extra={"reason": 'a "b"', "empty": "", "nl": "x\ny"})
+    first, *rest = buf.getvalue().splitlines()
+    assert first.endswith(r' ERROR llm_epp.tests.observability: scorer_failed reason="a \"b\"" empty="" nl="x\ny"')
+    assert rest[0] == "Traceback (most recent call last):"
+    assert rest[-1] == "RuntimeError: boom"
+
+
+def test_timestamp_is_utc_with_milliseconds() -> None:
+    record = log.makeRecord(log.name, logging.INFO, "f.py", 1, "e", (), None)
+    for created in (1_700_000_000.0071, 1_700_000_000.9999, 1_700_000_001.5):  # the second changes: no stale cache
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(record.msecs):03d}Z"
+        assert json.loads(JsonFormatter().format(record))["timestamp"] == expected
+        assert ConsoleFormatter().format(record).startswith(expected + " INFO  ")
+    assert expected == "2023-11-14T22:13:21.500Z"
+
+
+def test_unserialisable_values_are_rendered_with_str() -> None:
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf)
+
+    class Pod:
+        def __str__(self) -> str:
+            return "pod-1"
+
+    log.info("picked", extra={"pod": Pod(), "ids": {1: "a"}, "ok": [1, 2.5, None]})
+    log.info("picked", extra={"huge": 2**70, "ok": [1, 2.5, None]})  # orjson rejects the int outright
+    first, second = lines(buf)
+    assert (first["pod"], first["ids"], first["ok"]) == ("pod-1", {"1": "a"}, [1, 2.5, None])
+    assert (second["huge"], second["ok"], second["event"]) == (str(2**70), [1, 2.5, None], "picked")
+
+
+def test_record_attributes_set_by_other_formatters_are_not_extras() -> None:
+    other = io.StringIO()
+    first = logging.StreamHandler(other)
+    first.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logging.getLogger().addHandler(first)  # runs before ours and adds `message` / `asctime` to the record
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf)
+    log.info("picked", extra={"endpoint": "e1"})
+    (line,) = lines(buf)
+    assert set(line) == {"timestamp", "level", "logger", "event", "endpoint"}
+    assert other.getvalue().endswith("picked\n")
+
+
+def test_bind_request_replaces_the_previous_identity() -> None:
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf)
+    bind_request("req-1", model="m", target_model="t")
+    bind_request("req-2")
+    log.info("e")
+    (line,) = lines(buf)
+    assert (line["request_id"], "model" in line, "target_model" in line) == ("req-2", False, False)
 
 
 def test_chatty_libraries_are_quiet_below_trace() -> None:

@@ -50,6 +50,9 @@ def le_values(rec: PrometheusRecorder, name: str, **labels: str) -> list[str]:
 
 
 def record_everything(rec: PrometheusRecorder) -> None:
+    rec.model_rewrite("rule", "m", "m2")
+    rec.prefix_index_size(1)
+    rec.prefix_match(1.0, 64)
     rec.plugin_duration("Scorer", QUEUE, 0.0003)
     rec.plugin_error("Scorer", QUEUE)
     rec.scheduler_duration(0.001)
@@ -294,4 +297,5 @@ def test_prefix_index_and_rewrite_metrics(rec: PrometheusRecorder) -> None:
     assert value(rec, "inference_extension_prefix_indexer_size") == 42
     assert value(rec, "inference_extension_prefix_indexer_hit_ratio_count") == 1
     assert value(rec, "inference_extension_prefix_indexer_hit_bytes_sum") == 1024
-    assert value(rec, "inference_extension_model_rewrite_decisions_total", model_rewrite_name="canary") == 1
+    labels = {"model_rewrite_name": "canary", "model_name": "m", "target_model": "m-v2"}
+    assert value(rec, "inference_extension_model_rewrite_decisions_total", **labels) == 1
