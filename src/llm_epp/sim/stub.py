@@ -81,6 +81,10 @@ class Backend:
         self.queue = 0
         self.running: int | None = None
         self.kv_cache_usage = 0.0
+        # LoRA adapters reported as loaded in vllm:lora_requests_info (None: the series is not exported)
+        self.lora_adapters: list[str] | None = None
+        self.max_loras = 4
+        self._started_at = time.time()
         self.in_flight = 0
         self.requests: list[RecordedRequest] = []
         self._server: asyncio.Server | None = None
@@ -279,6 +283,14 @@ class Backend:
         out = []
         for name, help_text, value in gauges:
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{label} {value}"]
+        if self.lora_adapters is not None:
+            running_loras = ",".join(self.lora_adapters)
+            out += [
+                "# HELP vllm:lora_requests_info Running stats on lora requests.",
+                "# TYPE vllm:lora_requests_info gauge",
+                f'vllm:lora_requests_info{{max_lora="{self.max_loras}",running_lora_adapters="{running_loras}",'
+                f'waiting_lora_adapters=""}} {self._started_at:.3f}',
+            ]
         return "\n".join(out) + "\n"
 
     async def _completion(

@@ -1,0 +1,98 @@
+"""Routing decisions that depend on plugins, end to end through a real Envoy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
+from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.sim.stub import BackendPool
+from tests.support.epp import EppProcess
+
+pytestmark = pytest.mark.envoy
+
+
+class Gateway:
+    def __init__(
+        self,
+        backends: BackendPool,
+        tmp: Path,
+        config: str,
+        labels: list[dict[str, str]] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        endpoints = [
+            {"name": b.name, "address": "127.0.0.1", "port": b.port, "labels": (labels or [{}] * len(backends))[i]}
+            for i, b in enumerate(backends)
+        ]
+        pool = tmp / "pool.yaml"
+        pool.write_text(yaml.safe_dump({"endpoints": endpoints}))
+        cfg = tmp / "epp.yaml"
+        cfg.write_text(config)
+        self.epp = EppProcess(
+            "--endpoints-file", str(pool), "--config-file", str(cfg), "--secure-serving=false", *extra_args
+        ).start()
+        opts = EnvoyConfigOptions(
+            listen_port=0, admin_port=0, epp_port=self.epp.grpc_port, epp_tls=False, failure_mode="FailClose"
+        )
+        try:
+            self.envoy = EnvoyProcess(build_bootstrap(opts)).start()
+        except Exception:
+            self.epp.stop()
+            raise
+
+    def post(
+        self, client: httpx.Client, prompt: str, headers: dict[str, str] | None = None, **body: object
+    ) -> httpx.Response:
+        payload = {"model": "stub-model", "prompt": prompt, "max_tokens": 2, **body}
+        return client.post(self.envoy.url("/v1/completions"), json=payload, headers=headers or {})
+
+    def stop(self) -> None:
+        self.envoy.stop()
+        self.epp.stop()
+
+
+@pytest.fixture
+def backends() -> Iterator[BackendPool]:
+    with BackendPool(3, names=["a", "b", "c"]) as pool:
+        yield pool
+
+
+COST_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: cost-aware-scorer
+  parameters: {labelKey: example.com/cost}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 1}
+  - {pluginRef: cost-aware-scorer, weight: 5}
+  - {pluginRef: max-score-picker}
+"""
+
+
+@pytest.mark.parametrize("with_plugin", [True, False], ids=["configured", "control"])
+def test_the_example_python_plugin_changes_the_routing(
+    backends: BackendPool, tmp_path: Path, with_plugin: bool
+) -> None:
+    labels = [{"example.com/cost": "4"}, {"example.com/cost": "1"}, {"example.com/cost": "3"}]
+    config = COST_CONFIG if with_plugin else COST_CONFIG.replace("weight: 5", "weight: 0")
+    gw = Gateway(backends, tmp_path, config, labels)
+    try:
+        with httpx.Client(timeout=30) as c:
+            served = [gw.post(c, f"question {i}").headers["x-backend-name"] for i in range(20)]
+    finally:
+        gw.stop()
+    if with_plugin:
+        assert served == ["b"] * 20  # the cheapest endpoint wins every tie on queue depth
+    else:
+        assert len(set(served)) > 1  # without it, ties are broken at random
