@@ -114,7 +114,7 @@ class Recorder(NullRecorder):
 
 
 class Harness:
-    def __init__(self, endpoints: str, max_body: int = 16 << 20, **director_opts: Any) -> None:
+    def __init__(self, endpoints: str, max_body: int = 16 << 20, explain: bool = False, **director_opts: Any) -> None:
         self.datastore = Datastore()
         self.datastore.replace_all(parse_endpoint_list(endpoints))
         self.recorder = Recorder()
@@ -126,7 +126,7 @@ class Harness:
             self.recorder,
             DirectorOptions(**director_opts),
         )
-        self.servicer = ExtProcServicer(self.director, max_body)
+        self.servicer = ExtProcServicer(self.director, max_body, enable_explain=explain)
 
     async def run(
         self, messages: Sequence[pb.ProcessingRequest], cancel_at_end: bool = False, cancel_on_write: int = -1

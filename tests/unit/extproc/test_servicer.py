@@ -8,6 +8,7 @@ import json
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from llm_epp.framework import Metrics
 from tests.unit.extproc.fake_envoy import (
     BUFFERED,
     FDS,
@@ -319,3 +320,23 @@ async def test_completion_counts_when_envoy_resets_during_the_last_answer(harnes
     assert len(harness.recorder.completed) == 1
     assert harness.recorder.completed[0][-3:] == (2, 1, 0)
     assert harness.recorder.running == 0
+
+
+@pytest.mark.parametrize(
+    ("enabled", "asked", "present"), [(True, True, True), (True, False, False), (False, True, False)]
+)
+async def test_explain_header(enabled: bool, asked: bool, present: bool) -> None:
+    h = Harness("10.0.0.1:8000,10.0.0.2:8000", explain=enabled)
+    h.datastore.update_metrics(h.datastore.snapshot()[1].key, Metrics(waiting_queue_size=4, kv_cache_usage=0.5))
+    hdrs = {**POST, **({"x-llm-epp-explain": "1"} if asked else {})}
+    ctx = await h.run(
+        [headers_msg(hdrs, resp_mode=FDS), body_msg(body(), True), response_headers_msg({":status": "200"})]
+    )
+    got = set_headers(ctx.sent[2], "response_headers").get("x-gateway-destination-endpoint-scores")
+    if not present:
+        assert got is None
+        return
+    assert got is not None
+    first, second = got.split(", ")
+    assert first == "10.0.0.1:8000;total=4;queue-scorer=2;kv-cache-utilization-scorer=2"
+    assert second == "10.0.0.2:8000;total=1;queue-scorer=0;kv-cache-utilization-scorer=1"
