@@ -15,6 +15,7 @@ import grpc
 
 from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer import Datastore
+from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.observability import (
@@ -54,6 +55,7 @@ class Components:
     health: HealthState
     file_watcher: EndpointsFileWatcher | None
     pick: PickServicer
+    objectives_watcher: ObjectivesFileWatcher | None
 
 
 def build(opts: Options) -> Components:
@@ -68,6 +70,14 @@ def build(opts: Options) -> Components:
             watcher.load()
     except EndpointSourceError as e:
         raise StartupError(str(e)) from None
+    objectives = ObjectivesStore()
+    objectives_watcher: ObjectivesFileWatcher | None = None
+    if opts.objectives_file:
+        objectives_watcher = ObjectivesFileWatcher(opts.objectives_file, objectives)
+        try:
+            objectives_watcher.load()
+        except ValueError as e:
+            raise StartupError(str(e)) from None
     recorder = PrometheusRecorder()
     registry = builtin_registry()
     try:
@@ -88,7 +98,7 @@ def build(opts: Options) -> Components:
             response_complete=config.response_complete,
         ),
         recorder,
-        DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter),
+        DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
         saturation=config.saturation,
     )
     servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
@@ -100,7 +110,7 @@ def build(opts: Options) -> Components:
         leases=LeaseTable(director),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
-    return Components(datastore, recorder, config, director, servicer, health, watcher, pick)
+    return Components(datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher)
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
@@ -157,6 +167,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             background = [tg.create_task(c.pick.leases.run())]
             if c.file_watcher is not None:
                 background.append(tg.create_task(c.file_watcher.run()))
+            if c.objectives_watcher is not None:
+                background.append(tg.create_task(c.objectives_watcher.run()))
             await stop.wait()
             log.info("stopping")
             c.health.synced = False

@@ -45,7 +45,7 @@ def endpoint(
     """An endpoint with the given metrics: `endpoint("b", queue=5, kv=0.3)`."""
     metadata = EndpointMetadata(key(name, namespace), address, port, labels=dict(labels or {}))
     metrics = Metrics(waiting_queue_size=queue, running_requests=running, kv_cache_usage=kv, update_time=updated)
-    return Endpoint(metadata, metrics, dict(attributes or {}))
+    return Endpoint(metadata, metrics, attributes=dict(attributes or {}))
 
 
 def endpoints(*names: str) -> list[Endpoint]:

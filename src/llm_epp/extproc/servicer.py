@@ -19,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from llm_epp.extproc import codec
 from llm_epp.extproc import headers as h
 from llm_epp.framework import EppError, ErrorCode
-from llm_epp.framework.requestcontrol import ResponseInfo
+from llm_epp.framework.requestcontrol import RESPONSE_HEADERS_KEY, ResponseInfo
 from llm_epp.requestcontrol.director import Director
 from llm_epp.requestcontrol.lifecycle import RequestRecord
 from llm_epp.requestcontrol.usage import SseUsageReader, usage_from_json
@@ -268,6 +268,9 @@ class ExtProcServicer:
         if record.model_rewritten and st.resp_mode == FDS and h.CONTENT_LENGTH in headers:
             remove.append(h.CONTENT_LENGTH)  # the reverse rewrite may change the length
         self.director.response_received(record, _response_info(record))
+        plugin_headers = record.cycle.read(RESPONSE_HEADERS_KEY)
+        if plugin_headers:
+            set_headers.update(plugin_headers)
         return codec.response_headers_response(set_headers, remove)
 
     def _on_response_body(self, st: _Stream, body: bytes, eos: bool) -> bool:

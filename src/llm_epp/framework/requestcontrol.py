@@ -17,8 +17,12 @@ from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
-from llm_epp.framework.state import CycleState
+from llm_epp.framework.state import CycleState, StateKey
 from llm_epp.framework.types import Endpoint, InferenceRequest, SchedulingResult
+
+# Headers plugins want added to the client's response (name -> value). A ResponseReceived hook writes
+# them into the request's CycleState; the protocol adapter adds them to its response-headers answer.
+RESPONSE_HEADERS_KEY: StateKey[dict[str, str]] = StateKey("response-headers")
 
 
 @dataclass(frozen=True, slots=True)

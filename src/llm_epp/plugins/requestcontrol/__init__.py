@@ -1,0 +1,1 @@
+"""In-tree request-control plugins: data producers and hooks that run around scheduling."""
