@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -96,3 +97,57 @@ def test_the_example_python_plugin_changes_the_routing(
         assert served == ["b"] * 20  # the cheapest endpoint wins every tie on queue depth
     else:
         assert len(set(served)) > 1  # without it, ties are broken at random
+
+
+SHED_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: max-score-picker
+- name: capacity
+  type: concurrency-detector
+  parameters: {concurrencyMode: requests, maxConcurrency: 1}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer}
+  - {pluginRef: max-score-picker}
+saturationDetector: {pluginRef: capacity}
+"""
+
+OBJECTIVES = """\
+objectives:
+- {name: batch, priority: -1}
+- {name: interactive, priority: 0}
+"""
+
+
+def test_sheddable_requests_get_429_while_the_pool_is_saturated(tmp_path: Path) -> None:
+    objectives = tmp_path / "objectives.yaml"
+    objectives.write_text(OBJECTIVES)
+    with BackendPool(2, names=["a", "b"], ttft_s=3.0) as pool:
+        gw = Gateway(pool, tmp_path, SHED_CONFIG, extra_args=("--objectives-file", str(objectives)))
+        batch = {"x-gateway-inference-objective": "batch"}
+        interactive = {"x-gateway-inference-objective": "interactive"}
+        try:
+            with httpx.Client(timeout=30) as c:
+                assert gw.post(c, "idle pool", batch).status_code == 200  # nothing in flight: admitted
+            # two slow requests fill both endpoints (capacity 1 each): the pool is saturated
+            with ThreadPoolExecutor(2) as ex:
+                held = [ex.submit(_post_once, gw, f"hold {i}", interactive) for i in range(2)]
+                gw.epp.wait_metric("inference_objective_running_requests", 2)
+                with httpx.Client(timeout=30) as c:
+                    shed = gw.post(c, "sheddable", batch)
+                    kept = gw.post(c, "priority zero", interactive)
+                assert [f.result() for f in held] == [200, 200]
+        finally:
+            gw.stop()
+    assert shed.status_code == 429
+    assert "sheddable" in shed.json()["error"]["message"]
+    assert kept.status_code == 200
+
+
+def _post_once(gw: Gateway, prompt: str, headers: dict[str, str]) -> int:
+    with httpx.Client(timeout=30) as c:
+        return gw.post(c, prompt, headers).status_code
