@@ -16,6 +16,7 @@ import grpc
 from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
+from llm_epp.datalayer.runtime import MetricsRuntime
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.observability import (
@@ -56,6 +57,7 @@ class Components:
     file_watcher: EndpointsFileWatcher | None
     pick: PickServicer
     objectives_watcher: ObjectivesFileWatcher | None
+    metrics_runtime: MetricsRuntime | None
 
 
 def build(opts: Options) -> Components:
@@ -110,7 +112,20 @@ def build(opts: Options) -> Components:
         leases=LeaseTable(director),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
-    return Components(datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher)
+    runtime = None
+    if config.data_source is not None and config.extractor is not None:
+        runtime = MetricsRuntime(
+            datastore,
+            config.data_source,
+            config.extractor,
+            interval=opts.refresh_metrics_interval,
+            staleness=opts.metrics_staleness_threshold,
+            recorder=recorder,
+            refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
+        )
+    return Components(
+        datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher, runtime
+    )
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
@@ -167,6 +182,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             background = [tg.create_task(c.pick.leases.run())]
             if c.file_watcher is not None:
                 background.append(tg.create_task(c.file_watcher.run()))
+            if c.metrics_runtime is not None:
+                background.append(tg.create_task(c.metrics_runtime.run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
             await stop.wait()

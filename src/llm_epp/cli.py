@@ -13,6 +13,14 @@ from llm_epp import __version__
 from llm_epp.options import Options
 
 _TRUE = {"true", "1", "yes", "on"}
+# Rejected by the reference too: metric names are configured per engine in core-metrics-extractor.
+_LEGACY_METRIC_FLAGS = (
+    "--total-queued-requests-metric",
+    "--total-running-requests-metric",
+    "--kv-cache-usage-percentage-metric",
+    "--lora-info-metric",
+    "--cache-info-metric",
+)
 _FALSE = {"false", "0", "no", "off"}
 
 
@@ -36,6 +44,18 @@ def _size(value: str) -> int:
     if v.isdigit():
         return int(v)
     raise argparse.ArgumentTypeError(f"expected a byte size such as 16777216 or 16Mi, got {value!r}")
+
+
+def _duration(value: str) -> float:
+    from llm_epp.framework.durations import parse_go_duration
+
+    try:
+        seconds = parse_go_duration(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration such as 50ms or 2s, got {value!r}")
+    return seconds
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
@@ -64,6 +84,24 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     _bool_flag(p, "--disable-endpoint-subset-filter", False, "ignore the gateway's endpoint subset hint")
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=2, help="log verbosity: 2 info, 4 debug, 5 trace")
     p.add_argument("--zap-encoder", choices=("json", "console"), default="console", help="log format")
+    data = p.add_argument_group("model-server metrics")
+    data.add_argument(
+        "--refresh-metrics-interval", type=_duration, default=0.05, help="scrape interval per endpoint (default 50ms)"
+    )
+    data.add_argument(
+        "--refresh-prometheus-metrics-interval",
+        type=_duration,
+        default=5.0,
+        help="how often the inference_pool_* gauges are updated (default 5s)",
+    )
+    data.add_argument(
+        "--metrics-staleness-threshold",
+        type=_duration,
+        default=2.0,
+        help="metrics older than this are stale and left out of pool gauges (default 2s)",
+    )
+    for legacy in _LEGACY_METRIC_FLAGS:
+        data.add_argument(legacy, dest=legacy.lstrip("-").replace("-", "_"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports-file", default="", help="write the bound ports as JSON here once serving")
     _bool_flag(
         p,
@@ -100,6 +138,9 @@ def _options(args: argparse.Namespace) -> Options:
         json_logs=args.zap_encoder == "json",
         ports_file=args.ports_file,
         enable_explain=args.enable_explain,
+        refresh_metrics_interval=args.refresh_metrics_interval,
+        refresh_prometheus_metrics_interval=args.refresh_prometheus_metrics_interval,
+        metrics_staleness_threshold=args.metrics_staleness_threshold,
         objectives_file=args.objectives_file,
     )
 
@@ -177,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         opts = _options(args)
         problems = check_options(opts)
+        for legacy in _LEGACY_METRIC_FLAGS:
+            if getattr(args, legacy.lstrip("-").replace("-", "_")) is not None:
+                problems.append(
+                    f"{legacy} is no longer supported: set metric names per engine in the core-metrics-extractor "
+                    "plugin's engineConfigs"
+                )
         if problems:
             for p in problems:
                 print(f"llm-epp: {p}", file=sys.stderr)

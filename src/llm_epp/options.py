@@ -26,4 +26,7 @@ class Options:
     json_logs: bool = False
     ports_file: str = ""
     enable_explain: bool = False
+    refresh_metrics_interval: float = 0.05
+    refresh_prometheus_metrics_interval: float = 5.0
+    metrics_staleness_threshold: float = 2.0
     objectives_file: str = ""

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
+from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
@@ -32,6 +33,8 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     PreRequest,
     ResponseReceived,
     ResponseComplete,
+    DataSource,
+    Extractor,
 )
 TESTS_ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,6 +27,7 @@ from llm_epp.framework import (
     Registry,
     Scorer,
 )
+from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.registry import PluginLoadError, PluginParamsError, UnknownPluginTypeError
 from llm_epp.framework.requestcontrol import (
@@ -42,7 +43,9 @@ from llm_epp.scheduling.profile import TOTAL
 log = logging.getLogger(__name__)
 
 _SUPPORTED_PARSERS = ("openai-parser",)
-DEFAULT_SATURATION_DETECTOR = "utilization-detector"  # the reference instantiates it when none is configured
+DEFAULT_SATURATION_DETECTOR = "utilization-detector"
+DEFAULT_DATA_SOURCE = "metrics-data-source"
+DEFAULT_EXTRACTOR = "core-metrics-extractor"  # the reference instantiates it when none is configured
 
 
 class ConfigError(ValueError):
@@ -73,6 +76,8 @@ class LoadedConfig:
     profiles: list[ProfileDescription]
     handler_name: str
     saturation: SaturationDetector | None = None
+    data_source: DataSource | None = None  # None: no metrics collection
+    extractor: Extractor | None = None
     prepare_data: list[PrepareData] = field(default_factory=list)
     admission: list[Admission] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
@@ -364,16 +369,44 @@ def _build(
         built = registry.build(DEFAULT_SATURATION_DETECTOR, auto_name, None, handle)
         if isinstance(built, SaturationDetector):
             saturation = built
+    data_source: DataSource | None = None
+    extractor: Extractor | None = None
     if spec.data_layer is not None:
+        if len(spec.data_layer.sources) > 1:
+            problems.append("dataLayer.sources: only one metrics source is supported")
         for i, src in enumerate(spec.data_layer.sources):
-            if src.plugin_ref not in plugins:
-                problems.append(f"dataLayer.sources[{i}].pluginRef: no plugin named {src.plugin_ref!r} is defined")
+            where = f"dataLayer.sources[{i}]"
+            source_plugin = plugins.get(src.plugin_ref)
+            if source_plugin is None:
+                problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
+            elif not isinstance(source_plugin, DataSource):
+                problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
+            else:
+                data_source = source_plugin
+            if len(src.extractors) != 1:
+                problems.append(f"{where}.extractors: exactly one extractor is supported per source")
             for j, ex in enumerate(src.extractors):
-                if ex.plugin_ref not in plugins:
+                ex_plugin = plugins.get(ex.plugin_ref)
+                if ex_plugin is None:
+                    problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
+                elif not isinstance(ex_plugin, Extractor):
                     problems.append(
-                        f"dataLayer.sources[{i}].extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r}"
-                        " is defined"
+                        f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
+                        "extractor"
                     )
+                elif extractor is None:
+                    extractor = ex_plugin
+        collect = bool(spec.data_layer.sources)
+    else:  # omitted: the default source and extractor (plugins named like their types are reused)
+        collect = True
+        for default_type in (DEFAULT_DATA_SOURCE, DEFAULT_EXTRACTOR):
+            default_plugin = plugins.get(default_type)
+            if default_plugin is None and default_type in registry:
+                default_plugin = registry.build(default_type, _unused_name(default_type, seen_names), None, handle)
+            if isinstance(default_plugin, DataSource):
+                data_source = default_plugin
+            elif isinstance(default_plugin, Extractor):
+                extractor = default_plugin
 
     if problems:
         raise ConfigError(source, problems)
@@ -387,6 +420,8 @@ def _build(
         profiles=descriptions,
         handler_name=handler.typed_name.name,
         saturation=saturation,
+        data_source=data_source if collect else None,
+        extractor=extractor if collect else None,
     )
     for p in plugins.values():
         if isinstance(p, PrepareData):

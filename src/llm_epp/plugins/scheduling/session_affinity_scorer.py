@@ -48,7 +48,6 @@ TYPE = "session-affinity-scorer"
 HEADER = "x-session-token"
 
 
-
 class Params(PluginParams):
     pass
 

@@ -1,0 +1,273 @@
+"""The metrics runtime: one poll task per endpoint, started and stopped as the datastore's membership
+changes, each swapping a new frozen `Metrics` into the datastore after every successful scrape; plus a
+task refreshing the pool gauges (`inference_pool_*`) from the endpoints whose metrics are fresh.
+
+Per endpoint: the first poll is jittered over one interval, then polls run every `interval` seconds
+(ticks missed by a slow poll are dropped, so polls of one endpoint never overlap), each bounded by the
+scraper's deadline. A failing endpoint is retried with a backoff doubling up to `max_backoff`. Failures
+are logged once per change of reason; the endpoint's metrics are then simply not refreshed, and
+`Metrics.update_time` (monotonic seconds) lets every consumer see how old they are (`is_stale`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from llm_epp.datalayer.datastore import Datastore
+from llm_epp.datalayer.exposition import ExpositionError, parse
+from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession
+from llm_epp.framework.datalayer import DEFAULT_STALENESS, DataSource, Extractor, is_stale
+from llm_epp.framework.types import EMPTY_METRICS, EndpointKey, EndpointMetadata, Metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 0.05
+DEFAULT_GAUGE_INTERVAL = 5.0
+DEFAULT_MAX_BACKOFF = 1.0
+
+
+class PoolGauges(Protocol):
+    """Where the pool gauges go (`observability.metrics.PrometheusRecorder` implements it)."""
+
+    def set_pool_gauges(
+        self,
+        pool_name: str,
+        avg_kv: float,
+        avg_queue: float,
+        avg_running: float,
+        ready_pods: int,
+        per_pod_queue: Mapping[str, float],
+    ) -> None: ...
+
+
+@dataclass
+class EndpointState:
+    """What the runtime knows about one endpoint; survives poller restarts while the endpoint stays."""
+
+    metrics: Metrics = EMPTY_METRICS
+    failure: str | None = None  # reason of the failing streak, None when the last poll succeeded
+    problems: str | None = None  # the last extraction problems logged
+    stale: bool = False  # as last reported by the gauge task
+    polls: int = 0
+    failures: int = 0
+    streak: int = 0  # consecutive failures
+
+
+@dataclass
+class _Poller:
+    metadata: EndpointMetadata
+    task: asyncio.Task[None]
+
+
+class MetricsRuntime:
+    def __init__(
+        self,
+        datastore: Datastore,
+        source: DataSource,
+        extractor: Extractor,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        staleness: float = DEFAULT_STALENESS,
+        recorder: PoolGauges | None = None,
+        pool_name: str | None = None,
+        refresh_prometheus_interval: float = DEFAULT_GAUGE_INTERVAL,
+        poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+        max_backoff: float = DEFAULT_MAX_BACKOFF,
+        scraper: Scraper | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if interval <= 0 or staleness <= 0 or refresh_prometheus_interval <= 0 or poll_timeout <= 0:
+            raise ValueError("interval, staleness, refresh_prometheus_interval and poll_timeout must be > 0")
+        self._datastore = datastore
+        self._source = source
+        self._extractor = extractor
+        self.interval = interval
+        self.staleness = staleness
+        self._recorder = recorder
+        self._pool_name = pool_name
+        self.refresh_prometheus_interval = refresh_prometheus_interval
+        self._poll_timeout = poll_timeout
+        self._max_backoff = max(max_backoff, interval)
+        self._given_scraper = scraper
+        self._scraper: Scraper | None = None
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._pollers: dict[EndpointKey, _Poller] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # cancelled pollers still closing their session
+        self._states: dict[EndpointKey, EndpointState] = {}
+        self._running = False
+        self._listening = False
+        self.polls = 0
+        self.failures = 0
+
+    # --- reads --------------------------------------------------------------------------------------
+    def is_stale(self, key: EndpointKey, now: float | None = None) -> bool:
+        """True when `key` has no metrics yet or its last successful scrape is older than `staleness`."""
+        state = self._states.get(key)
+        metrics = state.metrics if state is not None else EMPTY_METRICS
+        return is_stale(metrics, self._clock() if now is None else now, self.staleness)
+
+    def state(self, key: EndpointKey) -> EndpointState | None:
+        return self._states.get(key)
+
+    def polled_endpoints(self) -> frozenset[EndpointKey]:
+        return frozenset(self._pollers)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Polls until cancelled; then stops every poller and closes its own scraper."""
+        if self._running:
+            raise RuntimeError("MetricsRuntime.run() is already running")
+        self._scraper = self._given_scraper or Scraper(
+            timeout=self._poll_timeout, verify=not self._source.insecure_skip_verify
+        )
+        self._running = True
+        if not self._listening:
+            self._datastore.add_listener(self._sync)
+            self._listening = True
+        try:
+            self._sync()
+            while True:
+                await asyncio.sleep(self.refresh_prometheus_interval)
+                self.refresh_pool_gauges()
+        finally:
+            self._running = False
+            tasks = [p.task for p in self._pollers.values()]
+            self._pollers.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, *self._stopping, return_exceptions=True)
+            if self._given_scraper is None:
+                await self._scraper.aclose()
+            self._scraper = None
+
+    def _sync(self) -> None:
+        """Datastore listener: start pollers for new endpoints, stop those of removed ones, restart those
+        whose metadata (address, port, labels, ...) changed."""
+        if not self._running:
+            return
+        current = {m.key: m for m in self._datastore.metadata()}
+        for key, poller in list(self._pollers.items()):
+            md = current.get(key)
+            if md != poller.metadata:
+                poller.task.cancel()
+                self._stopping.add(poller.task)
+                poller.task.add_done_callback(self._stopping.discard)
+                del self._pollers[key]
+                log.debug("scrape_stopped endpoint=%s", key)
+        for key in [k for k in self._states if k not in current]:
+            del self._states[key]
+        for key, md in current.items():
+            if key not in self._pollers:
+                task = asyncio.get_running_loop().create_task(self._poll_loop(md), name=f"scrape {key}")
+                task.add_done_callback(self._poller_done)
+                self._pollers[key] = _Poller(md, task)
+                log.debug("scrape_started endpoint=%s", key)
+
+    @staticmethod
+    def _poller_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (err := task.exception()) is not None:
+            # A bug (or a data-source plugin failing in url()): this endpoint is no longer scraped and goes stale.
+            log.error("scrape_poller_crashed task=%s", task.get_name(), exc_info=err)
+
+    # --- polling ------------------------------------------------------------------------------------
+    async def _poll_loop(self, md: EndpointMetadata) -> None:
+        loop = asyncio.get_running_loop()
+        state = self._states.setdefault(md.key, EndpointState())
+        url = self._source.url(md)
+        families = self._extractor.families(md)
+        assert self._scraper is not None
+        session = self._scraper.session()
+        try:
+            await asyncio.sleep(self._rng.uniform(0.0, self.interval))
+            next_at = loop.time()
+            while True:
+                if await self._poll_once(session, md, url, families, state):
+                    next_at += self.interval
+                else:
+                    next_at = loop.time() + min(self.interval * 2.0 ** min(state.streak - 1, 16), self._max_backoff)
+                now = loop.time()
+                if next_at < now:
+                    next_at = now  # drop the ticks a slow poll missed
+                await asyncio.sleep(next_at - now)
+        finally:
+            await session.aclose()
+
+    async def _poll_once(
+        self, session: ScrapeSession, md: EndpointMetadata, url: str, families: frozenset[str], state: EndpointState
+    ) -> bool:
+        self.polls += 1
+        state.polls += 1
+        try:
+            page = parse(await session.fetch(url), families)
+        except (ScrapeError, ExpositionError) as e:
+            return self._failed(md, url, state, e.reason)
+        if page.truncated:
+            return self._failed(md, url, state, "truncated page")
+        try:
+            result = self._extractor.extract(page, md, state.metrics, self._clock())
+        except Exception as e:  # a plugin's bug: isolate it like the profile runner does
+            log.exception("extractor_failed extractor=%s endpoint=%s", self._extractor.typed_name, md.key)
+            return self._failed(md, url, state, f"extractor {self._extractor.typed_name} raised {type(e).__name__}")
+        problems = "; ".join((*page.problems, *result.problems)) or None
+        if result.metrics is None:
+            return self._failed(md, url, state, f"nothing extracted: {problems}")
+        state.metrics = result.metrics
+        self._datastore.update_metrics(md.key, result.metrics)
+        if state.failure is not None:
+            log.info("scrape_recovered endpoint=%s after_failures=%d", md.key, state.streak)
+            state.failure = None
+        state.streak = 0
+        if problems != state.problems:
+            if problems is not None:
+                log.warning("metrics_incomplete endpoint=%s problems=%s", md.key, problems)
+            else:
+                log.info("metrics_complete endpoint=%s", md.key)
+            state.problems = problems
+        return True
+
+    def _failed(self, md: EndpointMetadata, url: str, state: EndpointState, reason: str) -> bool:
+        self.failures += 1
+        state.failures += 1
+        state.streak += 1
+        if reason != state.failure:
+            log.warning("scrape_failed endpoint=%s url=%s reason=%s", md.key, url, reason)
+            state.failure = reason
+        return False
+
+    # --- pool gauges --------------------------------------------------------------------------------
+    def refresh_pool_gauges(self, now: float | None = None) -> None:
+        """Averages over the endpoints with fresh metrics (0 when there are none) and every endpoint's
+        queue; also logs endpoints whose metrics went stale or came back since the last refresh."""
+        now = self._clock() if now is None else now
+        endpoints = self._datastore.snapshot()
+        fresh = [e for e in endpoints if not is_stale(e.metrics, now, self.staleness)]
+        for e in endpoints:
+            state = self._states.get(e.key)
+            stale = is_stale(e.metrics, now, self.staleness)
+            if state is None or stale == state.stale:
+                continue
+            state.stale = stale
+            if stale:
+                age = f"{now - e.metrics.update_time:.1f}s" if e.metrics.update_time > 0 else "never scraped"
+                log.warning("metrics_stale endpoint=%s age=%s reason=%s", e.key, age, state.failure or "unknown")
+            else:
+                log.info("metrics_fresh endpoint=%s", e.key)
+        if self._recorder is None:
+            return
+        n = len(fresh)
+        self._recorder.set_pool_gauges(
+            self._pool_name or self._datastore.pool_name,
+            sum(e.metrics.kv_cache_usage for e in fresh) / n if n else 0.0,
+            sum(e.metrics.waiting_queue_size for e in fresh) / n if n else 0.0,
+            sum(e.metrics.running_requests for e in fresh) / n if n else 0.0,
+            n,
+            {e.key.name: float(e.metrics.waiting_queue_size) for e in endpoints},
+        )

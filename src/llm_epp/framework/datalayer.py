@@ -1,0 +1,90 @@
+"""Data-layer extension points: a `DataSource` says where to poll an endpoint, an `Extractor` turns a
+scraped page into a new `Metrics`. The data-layer runtime does the I/O (HTTP fetch, text parsing) and
+swaps the result into the datastore; plugins stay free of I/O.
+
+A poll cycle for one endpoint: `url = source.url(md)` → fetch → parse only `extractor.families(md)` →
+`extractor.extract(page, md, current, now)` → `Extraction.metrics` replaces the endpoint's metrics.
+
+Freshness is `Metrics.update_time` (monotonic seconds, 0 = never scraped); consumers that must not
+trust old numbers use `is_stale`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.types import EndpointMetadata, Metrics
+
+DEFAULT_STALENESS = 2.0
+"""Seconds after which scraped metrics are stale (the reference's `--metrics-staleness-threshold`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One exposition sample: `name{labels} value [timestamp_ms]`."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedPage:
+    """The samples of one scrape, grouped by sample name, for the names that were asked for only.
+
+    `truncated`: the page did not end with a newline, so its last line was dropped. `problems`: lines of
+    requested samples that could not be parsed (they are left out). A page with neither is `complete`."""
+
+    samples: Mapping[str, tuple[Sample, ...]]
+    truncated: bool = False
+    problems: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.truncated and not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """What an extractor made of a page. `metrics` is None when nothing could be extracted; otherwise
+    it is a new `Metrics` with `update_time = now`. `problems` name what was missing or malformed (a
+    partial update still applies, as in the reference)."""
+
+    metrics: Metrics | None
+    problems: tuple[str, ...] = field(default=())
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """A polled source: the URL to fetch for an endpoint. Pure; called once per poll."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    @property
+    def insecure_skip_verify(self) -> bool: ...
+
+    def url(self, endpoint: EndpointMetadata) -> str: ...
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    """Turns a scraped page into metrics. Pure and synchronous; must not mutate `current`."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def families(self, endpoint: EndpointMetadata) -> frozenset[str]:
+        """The sample names this extractor reads for `endpoint` (the parser skips everything else)."""
+        ...
+
+    def extract(self, page: ScrapedPage, endpoint: EndpointMetadata, current: Metrics, now: float) -> Extraction: ...
+
+
+def is_stale(metrics: Metrics, now: float, threshold: float = DEFAULT_STALENESS) -> bool:
+    """True when `metrics` were never scraped or are older than `threshold` seconds at `now`."""
+    return metrics.update_time <= 0.0 or now - metrics.update_time > threshold

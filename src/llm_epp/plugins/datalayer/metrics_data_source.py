@@ -1,0 +1,63 @@
+"""metrics-data-source
+
+Scheduling intent:
+    Poll every endpoint's Prometheus /metrics page so the extractors (`core-metrics-extractor`) can keep
+    its Metrics fresh. The data-layer runtime fetches the URL this plugin builds once per
+    `--refresh-metrics-interval` (50 ms) with a 1 s deadline and parses only what the extractor needs.
+
+Inputs consumed:
+    EndpointMetadata.address and port (or `metrics_port` when discovery sets one) and `metrics_path`
+    when discovery sets one other than "/metrics" (e.g. `metricsPath` in an endpoints file).
+
+Configuration:
+    scheme ("http" or "https", default "http").
+    path (default "/metrics"): URL path of the metrics page; a missing leading "/" is added.
+    insecureSkipVerify (default true): with https, do not verify the model server's certificate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llm_epp.framework import EndpointMetadata, Handle, PluginParams, TypedName
+from llm_epp.framework.types import join_host_port
+
+TYPE = "metrics-data-source"
+DEFAULT_PATH = "/metrics"
+
+
+class Params(PluginParams):
+    scheme: Literal["http", "https"] = "http"
+    path: str = DEFAULT_PATH
+    insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")
+
+
+class MetricsDataSource:
+    def __init__(
+        self, name: str = TYPE, scheme: str = "http", path: str = DEFAULT_PATH, insecure_skip_verify: bool = True
+    ) -> None:
+        self._typed_name = TypedName(TYPE, name)
+        self.scheme = scheme
+        self.path = path if path.startswith("/") else "/" + path
+        self._insecure_skip_verify = insecure_skip_verify
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    @property
+    def insecure_skip_verify(self) -> bool:
+        return self._insecure_skip_verify
+
+    def url(self, endpoint: EndpointMetadata) -> str:
+        port = endpoint.metrics_port or endpoint.port
+        path = endpoint.metrics_path if endpoint.metrics_path not in ("", DEFAULT_PATH) else self.path
+        if not path.startswith("/"):
+            path = "/" + path
+        return f"{self.scheme}://{join_host_port(endpoint.address, port)}{path}"
+
+
+def factory(name: str, params: Params, handle: Handle) -> MetricsDataSource:
+    return MetricsDataSource(name, params.scheme, params.path, params.insecure_skip_verify)
