@@ -19,6 +19,7 @@ for the index to turn over completely several times. Targets there are chosen by
 (random among equals), not by the full scheduler, to keep a million requests affordable.
 
     python -m benchmarks.scheduler_cost            # full: 2,000 timed requests per cell, 1M for memory
+                                                   # (~7 min on an idle 2-core machine; memory is most of it)
     python -m benchmarks.scheduler_cost --quick    # < 60 s: fewer requests, memory after 30k requests
     [--seed 42] [--output FILE]
 """

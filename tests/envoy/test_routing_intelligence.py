@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import yaml
 
+from llm_epp.api.v1 import picker_pb2, picker_pb2_grpc
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.sim.stub import BackendPool
@@ -151,3 +154,72 @@ def test_sheddable_requests_get_429_while_the_pool_is_saturated(tmp_path: Path) 
 def _post_once(gw: Gateway, prompt: str, headers: dict[str, str]) -> int:
     with httpx.Client(timeout=30) as c:
         return gw.post(c, prompt, headers).status_code
+
+
+DEFAULT_CONFIG_FILE = "# the reference default: queue 2, kv-cache 2, prefix 3\n"
+
+
+def test_shared_prefixes_concentrate_and_distinct_prefixes_spread(backends: BackendPool, tmp_path: Path) -> None:
+    system = "You are a meticulous assistant for a travel agency. " * 120  # ~6,000 characters
+    assert len(system) >= 6000
+    gw = Gateway(backends, tmp_path, DEFAULT_CONFIG_FILE)
+    try:
+        with httpx.Client(timeout=30) as c:
+            shared = [gw.post(c, f"{system}Question {i}: where next?").headers["x-backend-name"] for i in range(40)]
+            backends.reset()
+            distinct = [
+                gw.post(c, f"{i} " * 40 + f"unrelated prompt number {i} " * 100).headers["x-backend-name"]
+                for i in range(40)
+            ]
+    finally:
+        gw.stop()
+    assert shared.count(shared[0]) == 40  # every follow-up goes where its prefix is cached
+    assert len(set(distinct)) == 3  # without a shared prefix, ties spread over the pool
+
+
+LORA_CONFIG = """\
+plugins:
+- type: queue-scorer
+- type: lora-affinity-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 1}
+  - {pluginRef: lora-affinity-scorer, weight: 2}
+  - {pluginRef: max-score-picker}
+"""
+
+
+def _wait_for_scraped_adapters(epp: EppProcess, expected: dict[str, list[str]]) -> None:
+    """Polls the EPP's ListEndpoints until every endpoint's scraped LoRA adapters are as expected."""
+    with grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+        stub = picker_pb2_grpc.EndpointPickerStub(channel)
+        deadline = time.monotonic() + 20
+        while True:
+            seen = {
+                e.name: list(e.metrics.active_lora_adapters)
+                for e in stub.ListEndpoints(picker_pb2.ListEndpointsRequest()).endpoints
+                if e.has_metrics
+            }
+            if seen == expected:
+                return
+            assert time.monotonic() < deadline, f"metrics never showed the adapters: {seen}"
+            time.sleep(0.05)
+
+
+def test_lora_requests_prefer_the_endpoint_with_the_adapter_loaded(backends: BackendPool, tmp_path: Path) -> None:
+    backends[0].lora_adapters = ["other-lora"]
+    backends[1].lora_adapters = ["sql-lora"]
+    backends[2].lora_adapters = ["a", "b", "c", "d"]  # full: max_loras 4
+    gw = Gateway(backends, tmp_path, LORA_CONFIG)
+    try:
+        _wait_for_scraped_adapters(gw.epp, {"a": ["other-lora"], "b": ["sql-lora"], "c": ["a", "b", "c", "d"]})
+        with httpx.Client(timeout=30) as c:
+            sql = [gw.post(c, f"q{i}", model="sql-lora").headers["x-backend-name"] for i in range(20)]
+            new = [gw.post(c, f"q{i}", model="new-lora").headers["x-backend-name"] for i in range(20)]
+    finally:
+        gw.stop()
+    assert sql == ["b"] * 20
+    assert "c" not in new  # an endpoint with no free adapter slot is avoided for an adapter it lacks
+    assert set(new) == {"a", "b"}

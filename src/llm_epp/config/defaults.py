@@ -1,4 +1,5 @@
-"""The configuration used when neither --config-file nor --config-text is given."""
+"""The configuration used when neither --config-file nor --config-text is given: the reference EPP's
+default (queue 2, kv-cache 2, prefix 3, max-score picker, metrics scraped from every endpoint)."""
 
 DEFAULT_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -6,7 +7,9 @@ kind: EndpointPickerConfig
 plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
-- type: max-score-picker
+- type: prefix-cache-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
 schedulingProfiles:
 - name: default
   plugins:
@@ -14,5 +17,11 @@ schedulingProfiles:
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
     weight: 2
-  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
 """

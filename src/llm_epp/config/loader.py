@@ -92,6 +92,12 @@ class LoadedConfig:
             params = self.plugin_params.get(name) or {}
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             out.append(f"  {name} ({ptype}){': ' + shown if shown else ''}")
+        if self.saturation is not None:
+            out.append(f"saturation detector: {self.saturation.typed_name}")
+        if self.data_source is not None and self.extractor is not None:
+            out.append(f"metrics: {self.data_source.typed_name} -> {self.extractor.typed_name}")
+        else:
+            out.append("metrics: not collected")
         for p in self.profiles:
             out.append(f"profile {p.name}:")
             for f in p.filters:
@@ -168,6 +174,35 @@ def _schema_problems(err: ValidationError) -> list[str]:
         else:
             problems.append(f"{where}: {e['msg']}")
     return problems
+
+
+PREFIX_SCORER = "prefix-cache-scorer"
+PREFIX_PRODUCER = "approx-prefix-cache-producer"
+
+
+def _add_prefix_producer(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    handle: _LoaderHandle,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    params: dict[str, dict[str, Any]],
+    seen_names: set[str],
+    problems: list[str],
+) -> None:
+    """As the reference: a prefix-cache-scorer without an approx-prefix-cache-producer gets one, built with
+    the (last) scorer's parameters, which both plugins accept."""
+    if PREFIX_PRODUCER in types.values() or PREFIX_SCORER not in types.values() or PREFIX_PRODUCER not in registry:
+        return
+    scorer_params = [params[name] for name, t in types.items() if t == PREFIX_SCORER][-1]
+    name = _unused_name(PREFIX_PRODUCER, seen_names)
+    try:
+        plugins[name] = registry.build(PREFIX_PRODUCER, name, scorer_params, handle)
+    except (PluginParamsError, ValueError) as e:
+        problems.append(f"plugins: the {PREFIX_PRODUCER} created for {PREFIX_SCORER} failed: {e}")
+        return
+    types[name] = PREFIX_PRODUCER
+    params[name] = dict(scorer_params)
 
 
 def _unused_name(base: str, taken: set[str]) -> str:
@@ -259,6 +294,8 @@ def _build(
             continue
         types[name] = ps.type
         params[name] = dict(ps.parameters or {})
+
+    _add_prefix_producer(spec, registry, handle, plugins, types, params, seen_names, problems)
 
     profile_specs = [(p.name, [(r.plugin_ref, r.weight) for r in p.plugins]) for p in spec.scheduling_profiles]
     if not profile_specs:

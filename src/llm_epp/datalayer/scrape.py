@@ -1,11 +1,9 @@
-"""HTTP fetch of model-server /metrics pages: the only module that imports httpx.
+"""HTTP fetch of model-server /metrics pages, on the minimal client of `http_client`.
 
-A `Scraper` holds what all polls share (timeouts, one TLS context, headers); each endpoint's poller
-opens its own `ScrapeSession`, an `httpx.AsyncClient` that keeps that endpoint's connection alive
-between polls. One client per endpoint rather than one for all: httpcore's pool walks every pooled
-connection under a lock on each request, so with one shared client the CPU per poll grows with the
-number of endpoints (measured by benchmarks/scrape_cost.py: ~2 ms per poll at 10 endpoints, ~8 ms at
-100; with per-endpoint clients it stays ~2 ms).
+A `Scraper` holds what all polls share (timeout, one TLS context built on first use); each endpoint's
+poller opens its own `ScrapeSession`, which keeps that endpoint's connection alive between polls. The
+client does only what a scrape needs, because the CPU of the fetch bounds how many endpoints one core
+keeps fresh (benchmarks/scrape_cost.py: httpx cost ~1-2 ms per poll of a 100 KB vLLM page).
 
 Each poll is bounded by a total deadline (1 s, as the reference). Every failure becomes a `ScrapeError`
 whose `reason` is short and stable ("HTTP 500", "timeout after 1s", "connection refused", ...) so the
@@ -14,19 +12,21 @@ runtime can log a failing endpoint once per change of reason.
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import importlib.util
+import socket
 import ssl
-import sys
+from urllib.parse import urlsplit
 
-import httpx
-
-if importlib.util.find_spec("sniffio") is None:
-    # httpcore runs `import sniffio` on every connection-pool lock operation (4 per request); without the
-    # package each attempt searches sys.path again (~1 ms of CPU per scrape). A cached "absent" entry makes
-    # the failed import free; httpcore then assumes asyncio, which is what runs here.
-    sys.modules["sniffio"] = None  # type: ignore[assignment]
+from llm_epp.datalayer.http_client import (
+    BodyTooLargeError,
+    ConnectError,
+    ConnectionClosedError,
+    HTTPClientError,
+    HTTPConnection,
+    HTTPTimeoutError,
+    ProtocolError,
+    client_ssl_context,
+)
 
 __all__ = ["DEFAULT_POLL_TIMEOUT", "ScrapeError", "ScrapeSession", "Scraper"]
 
@@ -50,13 +50,18 @@ def _connect_reason(err: BaseException) -> str:
             return "connection refused"
         if isinstance(cause, ssl.SSLError):
             return "TLS error"
+        if isinstance(cause, socket.gaierror):
+            return "DNS lookup failed" if cause.errno == socket.EAI_AGAIN else "unknown host"
         cause = cause.__cause__ or cause.__context__
     text = str(err).lower()
     if "refused" in text:
         return "connection refused"
     if "name or service not known" in text or "nodename nor servname" in text:
         return "unknown host"
-    return f"cannot connect ({type(err).__name__})"
+    code = getattr(err.__cause__, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return f"cannot connect ({errno.errorcode[code]})"  # EHOSTUNREACH, ETIMEDOUT, ...
+    return f"cannot connect ({type(err.__cause__ or err).__name__})"
 
 
 class Scraper:
@@ -64,9 +69,17 @@ class Scraper:
 
     def __init__(self, *, timeout: float = DEFAULT_POLL_TIMEOUT, verify: bool = False) -> None:
         self.timeout = timeout
+        self.verify = verify
         self._timeout_reason = f"timeout after {timeout:g}s"
-        self._ssl = httpx.create_ssl_context(verify=verify)  # built once: loading the CA bundle takes ~50 ms
+        self._ssl: ssl.SSLContext | None = None
         self._default: ScrapeSession | None = None
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """Built once, on the first https endpoint (loading the CA store takes tens of milliseconds)."""
+        if self._ssl is None:
+            self._ssl = client_ssl_context(insecure_skip_verify=not self.verify)
+        return self._ssl
 
     def session(self) -> ScrapeSession:
         """A client for one endpoint's polls (one kept-alive connection); close it with `aclose()`."""
@@ -85,53 +98,68 @@ class Scraper:
 
 
 class ScrapeSession:
+    """One endpoint's polls. The connection follows the URL: a URL on another origin replaces it."""
+
     def __init__(self, scraper: Scraper) -> None:
         self._scraper = scraper
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(scraper.timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=2, keepalive_expiry=10.0),
-            verify=scraper._ssl,
-            follow_redirects=False,
-            trust_env=False,
-            # Metrics travel on the cluster network; decompressing them would cost more CPU than it saves.
-            headers={"Accept": _ACCEPT, "Accept-Encoding": "identity"},
-        )
+        self._url: str | None = None
+        self._origin: tuple[str, str, int] | None = None
+        self._path = "/"
+        self._conn: HTTPConnection | None = None
 
     async def fetch(self, url: str) -> bytes:
         """The body of a 200 text/plain answer from `url`; raises ScrapeError otherwise."""
+        if url != self._url:
+            self._target(url)
+        conn = self._conn
+        assert conn is not None
         try:
-            async with asyncio.timeout(self._scraper.timeout):
-                return await self._get(url)
-        except TimeoutError:
+            response = await conn.get(self._path, self._scraper.timeout)
+        except HTTPTimeoutError:
             raise ScrapeError(self._scraper._timeout_reason) from None
-        except httpx.TimeoutException:
-            raise ScrapeError(self._scraper._timeout_reason) from None
-        except httpx.ConnectError as e:
+        except ConnectError as e:
             raise ScrapeError(_connect_reason(e)) from None
-        except httpx.RemoteProtocolError as e:
-            text = str(e).lower()
-            if "incomplete" in text or "peer closed" in text:
-                raise ScrapeError("connection closed before the page was complete") from None
-            raise ScrapeError("HTTP protocol error") from None
-        except httpx.TransportError as e:
+        except ConnectionClosedError:
+            raise ScrapeError("connection closed before the page was complete") from None
+        except BodyTooLargeError:
+            raise ScrapeError(f"page larger than {MAX_PAGE_BYTES >> 20} MiB") from None
+        except ProtocolError as e:
+            raise ScrapeError(f"HTTP protocol error ({e})") from None
+        except HTTPClientError as e:
             raise ScrapeError(f"transport error ({type(e).__name__})") from None
-        except httpx.InvalidURL:
-            raise ScrapeError(f"invalid URL {url!r}") from None
+        if response.status != 200:
+            raise ScrapeError(f"HTTP {response.status}")
+        ctype = response.headers.get("content-type", "")
+        if ctype and not ctype.lower().startswith("text/plain"):
+            raise ScrapeError(f"content type {ctype.split(';', 1)[0].strip()}, not text/plain")
+        return response.body
 
-    async def _get(self, url: str) -> bytes:
-        response = await self._client.send(self._client.build_request("GET", url), stream=True)
+    def _target(self, url: str) -> None:
+        """Points the session at `url`, replacing the connection when the origin changes."""
         try:
-            if response.status_code != 200:
-                raise ScrapeError(f"HTTP {response.status_code}")
-            ctype = response.headers.get("content-type", "")
-            if ctype and not ctype.lower().startswith("text/plain"):
-                raise ScrapeError(f"content type {ctype.split(';', 1)[0].strip()}, not text/plain")
-            length = response.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > MAX_PAGE_BYTES:
-                raise ScrapeError(f"page larger than {MAX_PAGE_BYTES >> 20} MiB")
-            return await response.aread()
-        finally:
-            await response.aclose()
+            parts = urlsplit(url)
+            scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+        except ValueError:
+            raise ScrapeError(f"invalid URL {url!r}") from None
+        if scheme not in ("http", "https") or not host:
+            raise ScrapeError(f"invalid URL {url!r}")
+        tls = scheme == "https"
+        origin = (scheme, host, port or (443 if tls else 80))
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        try:
+            conn = self._conn
+            if conn is None or origin != self._origin:
+                ctx = self._scraper.ssl_context if tls else None
+                conn = HTTPConnection(host, origin[2], ssl_context=ctx, accept=_ACCEPT, max_body=MAX_PAGE_BYTES)
+            conn.request_bytes(path)  # checks the path
+        except ValueError:  # a non-ASCII host, a path with spaces or control characters
+            raise ScrapeError(f"invalid URL {url!r}") from None
+        if conn is not self._conn:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn, self._origin = conn, origin
+        self._url, self._path = url, path
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._conn is not None:
+            await self._conn.aclose()

@@ -69,15 +69,38 @@ def test_default_config(text: str | None) -> None:
     profile = loaded.profiles[0]
     assert profile.name == "default"
     assert profile.filters == []
-    assert profile.scorers == [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0)]
+    assert profile.scorers == [
+        ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0),
+    ]
     assert profile.picker == "max-score-picker"
     assert loaded.handler_name == "single-profile-handler"
     assert loaded.plugin_types == {
         "queue-scorer": "queue-scorer",
         "kv-cache-utilization-scorer": "kv-cache-utilization-scorer",
+        "prefix-cache-scorer": "prefix-cache-scorer",
+        "approx-prefix-cache-producer": "approx-prefix-cache-producer",
+        "metrics-data-source": "metrics-data-source",
+        "core-metrics-extractor": "core-metrics-extractor",
         "max-score-picker": "max-score-picker",
         "single-profile-handler": "single-profile-handler",
     }
+    assert loaded.saturation is not None and loaded.saturation.typed_name.type == "utilization-detector"
+    assert loaded.data_source is not None and loaded.extractor is not None
+    assert [p.typed_name.type for p in loaded.pre_request] == ["approx-prefix-cache-producer"]
+
+
+def test_a_prefix_scorer_alone_gets_a_producer_with_its_parameters() -> None:
+    loaded = _load("plugins:\n- type: prefix-cache-scorer\n  parameters: {blockSizeTokens: 32}\n")
+    assert loaded.plugin_types["approx-prefix-cache-producer"] == "approx-prefix-cache-producer"
+    assert loaded.plugin_params["approx-prefix-cache-producer"] == {"blockSizeTokens": 32}
+    assert [p.typed_name.name for p in loaded.prepare_data] == ["approx-prefix-cache-producer"]
+
+
+def test_an_empty_data_layer_section_turns_collection_off() -> None:
+    loaded = _load("plugins:\n- type: queue-scorer\ndataLayer: {sources: []}\n")
+    assert loaded.data_source is None and loaded.extractor is None
 
 
 def test_default_config_prefers_short_queues_and_free_cache() -> None:
@@ -91,7 +114,10 @@ def test_default_config_prefers_short_queues_and_free_cache() -> None:
     assert result.primary is not None
     assert names(result.primary.target_endpoints) == ["idle"]
     idle = result.primary.scores[eps[1].key]
-    assert idle == pytest.approx({"queue-scorer": 2.0, "kv-cache-utilization-scorer": 1.8, "total": 3.8})
+    # no prefix data was prepared for this request: the prefix scorer adds 0
+    assert idle == pytest.approx(
+        {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 1.8, "prefix-cache-scorer": 0.0, "total": 3.8}
+    )
 
 
 # ---------------------------------------------------------------------------------- reference style
@@ -703,7 +729,7 @@ def test_an_auto_created_picker_does_not_replace_a_user_plugin_of_the_same_name(
 def test_a_config_without_content_means_the_default(text: str) -> None:
     loaded = _load(text)
     assert [(p.name, p.scorers) for p in loaded.profiles] == [
-        ("default", [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0)])
+        ("default", [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0)])
     ]
 
 

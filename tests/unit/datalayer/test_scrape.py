@@ -3,6 +3,7 @@ stable reason per kind of failure."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_epp.datalayer import scrape
 from llm_epp.datalayer.scrape import ScrapeError, Scraper
 from llm_epp.security.tls import self_signed
 from tests.unit.datalayer.page_server import PageServer, Route
@@ -89,6 +91,45 @@ async def test_failures_have_short_reasons(server: PageServer, scraper: Scraper,
     assert info.value.reason == reason
     assert str(info.value) == reason
     assert time.monotonic() - started < 1.0
+
+
+async def test_a_page_over_the_cap(server: PageServer, scraper: Scraper, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scrape, "MAX_PAGE_BYTES", 1 << 20)
+    server.routes["/metrics"] = Route(b"m 1\n" * (300 << 10))
+    with pytest.raises(ScrapeError) as info:
+        await scraper.fetch(server.url("/metrics"))
+    assert info.value.reason == "page larger than 1 MiB"
+
+
+async def test_a_malformed_answer(scraper: Scraper) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    try:
+        with pytest.raises(ScrapeError) as info:
+            await scraper.fetch(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/metrics")
+        assert info.value.reason == "HTTP protocol error (malformed status line)"
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_a_session_follows_the_url_to_another_server(scraper: Scraper) -> None:
+    b = Route(b"b 1\n")
+    async with PageServer({"/a": Route(b"a 1\n")}) as one, PageServer({"/b": b, "/b?x=1": b}) as two:
+        session = scraper.session()
+        try:
+            assert await session.fetch(one.url("/a")) == b"a 1\n"
+            assert await session.fetch(two.url("/b")) == b"b 1\n"
+            assert await session.fetch(two.url("/b?x=1")) == b"b 1\n"
+        finally:
+            await session.aclose()
+        assert (one.connections, two.connections) == (1, 1)
+        assert two.hits == {"/b": 1, "/b?x=1": 1}
 
 
 async def test_connection_refused(scraper: Scraper) -> None:

@@ -338,5 +338,5 @@ async def test_explain_header(enabled: bool, asked: bool, present: bool) -> None
         return
     assert got is not None
     first, second = got.split(", ")
-    assert first == "10.0.0.1:8000;total=4;queue-scorer=2;kv-cache-utilization-scorer=2"
-    assert second == "10.0.0.2:8000;total=1;queue-scorer=0;kv-cache-utilization-scorer=1"
+    assert first == "10.0.0.1:8000;total=4;queue-scorer=2;kv-cache-utilization-scorer=2;prefix-cache-scorer=0"
+    assert second == "10.0.0.2:8000;total=1;queue-scorer=0;kv-cache-utilization-scorer=1;prefix-cache-scorer=0"

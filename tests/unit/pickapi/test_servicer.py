@@ -154,7 +154,7 @@ async def test_pick_returns_an_endpoint_of_the_pool_and_scores_for_every_candida
     assert {s.endpoint for s in r.scores} == HOSTPORTS
     assert {s.name for s in r.scores} == HOSTPORTS  # static endpoints are named after their address
     for s in r.scores:
-        assert set(s.plugins) == {"queue-scorer", "kv-cache-utilization-scorer"}
+        assert set(s.plugins) == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
         assert s.total == pytest.approx(sum(s.plugins.values()))
     totals = [s.total for s in r.scores]
     assert totals == sorted(totals, reverse=True)
