@@ -2,7 +2,7 @@
 
 A child process serves the ~100 KB vLLM page of tests/unit/datalayer/testdata (3 models, 14 vLLM
 histograms, HTTP middleware histograms, process collectors) on N loopback ports, one per endpoint. This
-process runs the real `MetricsRuntime` (shared httpx client, selective parser, core-metrics-extractor)
+process runs the real `MetricsRuntime` (its own HTTP/1.1 client, selective parser, core-metrics-extractor)
 against the N endpoints at each interval and measures its own CPU with `time.process_time()` (the
 server's CPU is not counted). From the CPU per poll it derives how many endpoints one core keeps fresh
 at that interval. A micro-benchmark splits a poll into parse+extract and the HTTP fetch.
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`{cmd.strip()}`; {machine()}; loop {args.loop}; page {PAGE.stat().st_size // 1024} KB "
         f"(vLLM, 3 models with histograms); {duration:g} s per run.",
         "",
-        f"Per poll, one endpoint: parse + extract {parse_cost * 1e6:.0f} µs CPU; HTTP fetch (httpx, keep-alive) "
+        f"Per poll, one endpoint: parse + extract {parse_cost * 1e6:.0f} µs CPU; HTTP fetch (keep-alive) "
         f"{fetch_cost * 1e6:.0f} µs CPU.",
         "",
         "| interval | endpoints | polls/s (target) | failures | EPP CPU (% of a core) | CPU per poll | "

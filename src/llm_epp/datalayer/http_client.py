@@ -8,7 +8,7 @@ transfer coding (extensions and trailers skipped) or until the server closes. Th
 Why not a general client: a keep-alive fetch of a ~100 KB page through httpx costs 1-2 ms of CPU, more
 than 90 % of it in its connection-pool and anyio machinery, which limits one core to ~20 endpoints polled
 every 50 ms. Here the per-request Python work is a few calls: the body arrives in a few large reads that
-are appended to a list and joined once; the head is found with `bytes.find` and split once.
+are appended to a list and joined once; the head is found with `bytes.find`, decoded and split once.
 
 Errors (all `HTTPClientError`): `ConnectError` (refused, DNS, TLS handshake; the OS error is the
 `__cause__`), `HTTPTimeoutError`, `ConnectionClosedError` (closed before the response was complete),
@@ -460,7 +460,11 @@ class HTTPConnection:
             raise ValueError(f"invalid request path {path!r}")
         return b"GET " + path.encode("ascii") + b" HTTP/1.1\r\n" + self._fields
 
-    async def get(self, path: str, timeout: float | None = None) -> Response:  # noqa: ASYNC109 (drops the connection)
+    async def get(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - a timeout must also drop the connection
+    ) -> Response:
         """The response to `GET path`, whatever its status. `timeout` bounds the whole exchange,
         connecting included. Raises an `HTTPClientError` subclass; the connection is then dropped."""
         if self._busy:

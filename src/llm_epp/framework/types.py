@@ -118,14 +118,13 @@ class Endpoint:
     metrics: Metrics = EMPTY_METRICS
     load: InFlightLoad = field(default_factory=InFlightLoad)
     attributes: Mapping[str, Any] = field(default_factory=_empty)
+    # copies of metadata.key / metadata.hostport: plain attributes, read in every scorer's inner loop
+    key: EndpointKey = field(init=False, compare=False, repr=False)
+    hostport: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def key(self) -> EndpointKey:
-        return self.metadata.key
-
-    @property
-    def hostport(self) -> str:
-        return self.metadata.hostport
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.metadata.key)
+        object.__setattr__(self, "hostport", self.metadata.hostport)
 
 
 class ApiKind(enum.Enum):
@@ -164,8 +163,7 @@ class InferenceRequest:
     size_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredEndpoint:
+class ScoredEndpoint(NamedTuple):
     endpoint: Endpoint
     score: float
 

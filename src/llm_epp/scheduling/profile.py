@@ -9,7 +9,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from llm_epp.framework import (
@@ -83,10 +83,10 @@ class SchedulerProfile:
 
     def _score(
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
-    ) -> tuple[list[ScoredEndpoint], dict[EndpointKey, dict[str, float]]]:
+    ) -> tuple[list[ScoredEndpoint], ScoreBreakdown]:
         rec = self._recorder
-        totals = dict.fromkeys((e.key for e in candidates), 0.0)
-        breakdown: dict[EndpointKey, dict[str, float]] = {k: {} for k in totals}
+        totals = dict.fromkeys([e.key for e in candidates], 0.0)
+        parts: list[tuple[str, float, Mapping[EndpointKey, float]]] = []
         for ws in self.scorers:
             scorer = ws.scorer
             start = _perf()
@@ -99,32 +99,28 @@ class SchedulerProfile:
                 rec.plugin_error("Scorer", scorer.typed_name)
                 scores = {}
             rec.plugin_duration("Scorer", scorer.typed_name, _perf() - start)
-            label = scorer.typed_name.name
+            if not _all_in_range(scores):
+                scores = self._clamped(scorer, scores)
             weight = ws.weight
             get = scores.get
-            for key in totals:
-                value = get(key, 0.0)
-                try:
-                    in_range = 0.0 <= value <= 1.0  # False for NaN
-                except TypeError:
-                    in_range = False
-                if not in_range:
-                    value = _clamp(value)
-                    rec.score_out_of_range(scorer.typed_name)
-                weighted = value * weight
-                totals[key] += weighted
-                parts = breakdown[key]
-                parts[label] = parts.get(label, 0.0) + weighted
-        for key, total in totals.items():
-            breakdown[key][TOTAL] = total
-        scored = [ScoredEndpoint(e, totals[e.key]) for e in candidates]
-        return scored, breakdown
+            totals = {key: total + get(key, 0.0) * weight for key, total in totals.items()}
+            parts.append((scorer.typed_name.name, weight, scores))
+        return [ScoredEndpoint(e, totals[e.key]) for e in candidates], ScoreBreakdown(totals, parts)
+
+    def _clamped(self, scorer: Scorer, scores: Mapping[EndpointKey, float]) -> dict[EndpointKey, float]:
+        out = {}
+        for key, value in scores.items():
+            clamped = _clamp(value)
+            if clamped != value or not isinstance(value, (int, float)):
+                self._recorder.score_out_of_range(scorer.typed_name)
+            out[key] = clamped
+        return out
 
     def _pick(
         self,
         cycle: CycleState,
         scored: list[ScoredEndpoint],
-        breakdown: dict[EndpointKey, dict[str, float]],
+        breakdown: ScoreBreakdown,
     ) -> ProfileResult:
         rec = self._recorder
         start = _perf()
@@ -140,6 +136,45 @@ class SchedulerProfile:
         if not result.target_endpoints:
             return result
         return ProfileResult(result.target_endpoints, breakdown)
+
+
+class ScoreBreakdown(Mapping[EndpointKey, Mapping[str, float]]):
+    """Per endpoint: each scorer's weighted score by scorer name, and the sum under "total". Built lazily
+    from the scorers' outputs, so a decision nobody explains costs nothing extra."""
+
+    __slots__ = ("_parts", "_totals")
+
+    def __init__(
+        self, totals: dict[EndpointKey, float], parts: list[tuple[str, float, Mapping[EndpointKey, float]]]
+    ) -> None:
+        self._totals = totals
+        self._parts = parts
+
+    def __getitem__(self, key: EndpointKey) -> Mapping[str, float]:
+        total = self._totals[key]
+        out: dict[str, float] = {}
+        for name, weight, scores in self._parts:
+            out[name] = out.get(name, 0.0) + scores.get(key, 0.0) * weight
+        out[TOTAL] = total
+        return out
+
+    def __iter__(self) -> Iterator[EndpointKey]:
+        return iter(self._totals)
+
+    def __len__(self) -> int:
+        return len(self._totals)
+
+
+def _all_in_range(scores: Mapping[EndpointKey, float]) -> bool:
+    """True when every score is a number in [0, 1] (min, max and fsum run in C; NaN makes fsum NaN)."""
+    if not scores:
+        return True
+    values = scores.values()
+    try:
+        total = math.fsum(values)
+        return total == total and min(values) >= 0.0 and max(values) <= 1.0
+    except (TypeError, ValueError, OverflowError):  # not numbers, inf - inf, overflow: take the slow path
+        return False
 
 
 def _clamp(value: float) -> float:

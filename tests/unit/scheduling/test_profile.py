@@ -376,3 +376,17 @@ def test_wrong_return_types_are_isolated_like_exceptions() -> None:
     result = profile.run(CycleState(), request(), [endpoint("a")])
     assert result is not None and names(result.target_endpoints) == ["a"]
     assert [e for e, _ in recorder.plugin_errors] == ["Scorer", "Picker"]
+
+
+@pytest.mark.parametrize(
+    "raw", [{"a": math.inf, "b": -math.inf}, {"a": 1e308, "b": 1e308}], ids=["inf-minus-inf", "overflow"]
+)
+def test_extreme_scores_take_the_clamping_path(raw: dict[str, float]) -> None:
+    recorder = FakeRecorder()
+    scorer = FakeScorer("extreme", raw)
+    profile = SchedulerProfile("default", [], [WeightedScorer(scorer)], FakePicker(), recorder)
+    result = profile.run(CycleState(), request(), [endpoint("a"), endpoint("b", address="10.0.0.2")])
+    assert result is not None
+    totals = {k.name: v["total"] for k, v in result.scores.items()}
+    assert totals == {"a": 1.0, "b": 0.0} if "b" in raw and raw["b"] < 0 else {"a": 1.0, "b": 1.0}
+    assert len(recorder.out_of_range) == 2

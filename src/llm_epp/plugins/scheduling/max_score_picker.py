@@ -42,8 +42,17 @@ class MaxScorePicker:
         if not scored:
             return ProfileResult(())
         if self.max_endpoints == 1:
-            best = max(_rank(s) for s in scored)
-            top = [s for s in scored if _rank(s) == best]
+            values = [s.score for s in scored]
+            try:
+                total = math.fsum(values)
+            except (ValueError, OverflowError):  # inf - inf, or huge values
+                total = math.nan
+            if total == total:  # no NaN: compare raw scores (the common, fast path)
+                best = max(values)
+                top = [s for s in scored if s.score == best]
+            else:
+                best = max(_rank(s) for s in scored)
+                top = [s for s in scored if _rank(s) == best]
             chosen = top[0] if len(top) == 1 else self._rng.choice(top)
             return ProfileResult((chosen.endpoint,))
         shuffled = list(scored)
