@@ -39,6 +39,7 @@ import httpx
 
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,52 +108,17 @@ def direct_response_backends(n: int) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Epp:
-    proc: subprocess.Popen[bytes]
-    ports: dict[str, int]
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=5).text
-        return sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{"))
-        )
-
-
 @contextmanager
-def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[Epp]:
-    ports_file = workdir / f"ports-{time.monotonic_ns()}.json"
-    exe = str(Path(sys.executable).parent / "llm-epp")
-    cmd = [
-        exe,
-        "serve",
+def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[EppProcess]:
+    with EppProcess(
         "--endpoints",
         ",".join(endpoints),
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--grpc-health-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--ports-file",
-        str(ports_file),
         "-v",
         "1",
         f"--secure-serving={'true' if tls else 'false'}",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not ports_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("llm-epp did not start")
-            time.sleep(0.05)
-        yield Epp(proc, json.loads(ports_file.read_text()))
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        log_path=workdir / f"epp-{time.monotonic_ns()}.log",
+    ) as epp:
+        yield epp
 
 
 @dataclass
@@ -224,7 +190,7 @@ def part1(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
         backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
         addrs = [f"127.0.0.1:{p}" for p in backends.listener_ports.values()]
         epp = stack.enter_context(run_epp(addrs, workdir))
-        base = dict(listen_port=0, admin_port=0, epp_port=epp.ports["grpc"], epp_tls=True)
+        base = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
         gateways: dict[str, EnvoyProcess] = {
             "Envoy ROUND_ROBIN (no EPP)": EnvoyProcess(
                 build_bootstrap(
@@ -243,7 +209,7 @@ def part1(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
             wrk(g.url("/v1/completions"), script, 2, args.connections)
         for rnd in range(args.rounds):
             for name, g in gateways.items():
-                pid = None if "no EPP" in name else epp.proc.pid
+                pid = None if "no EPP" in name else epp.pid
                 assert g.proc is not None
                 measure(
                     results[name], g.url("/v1/completions"), script, args.duration, args.connections, pid, g.proc.pid
@@ -306,7 +272,7 @@ def part2(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
     with ExitStack() as stack:
         pool = stack.enter_context(BackendPool(2, itl_s=0.001))
         epp = stack.enter_context(run_epp(pool.addresses, workdir))
-        base = dict(listen_port=0, admin_port=0, epp_port=epp.ports["grpc"], epp_tls=True)
+        base = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
         gateways = {
             "Envoy ROUND_ROBIN (no EPP)": EnvoyProcess(
                 build_bootstrap(
@@ -327,9 +293,9 @@ def part2(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
         }
         for rnd in range(args.rounds):
             for name, g in gateways.items():
-                cpu0 = cpu_seconds(epp.proc.pid)
+                cpu0 = cpu_seconds(epp.pid)
                 lat, errors = _stream_load(g.url("/v1/completions"), args.stream_concurrency, args.duration, tokens)
-                cpu = cpu_seconds(epp.proc.pid) - cpu0
+                cpu = cpu_seconds(epp.pid) - cpu0
                 r = rows[name]
                 if lat:
                     qs = statistics.quantiles(lat, n=100)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ import httpx
 
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
 
 PROMPTS = [
@@ -28,40 +27,6 @@ PROMPTS = [
     ("chat", "Translate 'good morning' into Spanish."),
     ("completion", "The three laws of thermodynamics are"),
 ]
-
-
-def start_epp(endpoints: list[str], workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    ports_file = workdir / "ports.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "llm_epp",
-        "serve",
-        "--endpoints",
-        ",".join(endpoints),
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--grpc-health-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--ports-file",
-        str(ports_file),
-        "-v",
-        "1",
-    ]
-    log = open(workdir / "epp.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not ports_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("llm-epp did not start:\n" + (workdir / "epp.log").read_text())
-        time.sleep(0.05)
-    import json
-
-    return proc, json.loads(ports_file.read_text())
 
 
 def send(client: httpx.Client, url: str, kind: str, text: str, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -77,7 +42,8 @@ def main() -> int:
     once = os.environ.get("DEMO_ONCE") == "1"
     workdir = Path(tempfile.mkdtemp(prefix="llm-epp-demo-"))
     with BackendPool(3, names=["pod-a", "pod-b", "pod-c"], model="demo-model", ttft_s=0.01) as pool:
-        epp, ports = start_epp(pool.addresses, workdir)
+        epp = EppProcess("--endpoints", ",".join(pool.addresses), "-v", "1", log_path=workdir / "epp.log").start()
+        ports = epp.ports
         try:
             opts = EnvoyConfigOptions(
                 listen_port=0,
@@ -137,8 +103,7 @@ def main() -> int:
                     pass
                 return 0
         finally:
-            epp.terminate()
-            epp.wait(10)
+            epp.stop()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import pytest
 
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
-from tests.support.epp import EppProcess
 
 pytestmark = pytest.mark.envoy
 

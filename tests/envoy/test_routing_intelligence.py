@@ -15,8 +15,8 @@ import yaml
 from llm_epp.api.v1 import picker_pb2, picker_pb2_grpc
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
+from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
-from tests.support.epp import EppProcess
 
 pytestmark = pytest.mark.envoy
 

@@ -30,9 +30,7 @@ file is the object listed first; within one object the first rule in list order 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llm_epp.datalayer.filewatch import WatchedFile
 
 log = logging.getLogger(__name__)
 
@@ -208,59 +208,22 @@ class ObjectivesStore:
         return targets[-1][0]  # unreachable: the weights sum to total
 
 
-class ObjectivesFileWatcher:
-    """Loads an objectives file into a store and reloads it when its modification time or size changes."""
+class ObjectivesFileWatcher(WatchedFile[ObjectivesConfig]):
+    """Loads an objectives file into a store and reloads it when it changes."""
+
+    kind = "objectives_file"
+    error = ObjectivesSourceError
 
     def __init__(self, path: str | Path, store: ObjectivesStore, interval: float = 1.0) -> None:
-        self.path = Path(path)
+        super().__init__(path, interval)
         self.store = store
-        self.interval = interval
-        self._stamp: tuple[float, int] | None = None
 
-    def load(self) -> None:
-        """Initial load: errors propagate (a bad file at startup is fatal)."""
-        self._stamp = self._stat()
-        self.store.replace(self._read())
+    def parse(self, text: str, source: str) -> ObjectivesConfig:
+        return parse_objectives_file(text, source)
 
-    def _stat(self) -> tuple[float, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime, st.st_size)
-
-    def _read(self) -> ObjectivesConfig:
-        try:
-            text = self.path.read_text()
-        except OSError as e:
-            raise ObjectivesSourceError(f"{self.path}: cannot read: {e.strerror}") from None
-        return parse_objectives_file(text, str(self.path))
-
-    def poll_once(self) -> bool:
-        """Reload if the file changed; returns True when the store was replaced."""
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        if stamp is None:
-            log.error("objectives_file_missing path=%s; keeping the last good objectives", self.path)
-            return False
-        try:
-            config = self._read()
-        except ObjectivesSourceError as e:
-            log.error("objectives_file_invalid %s; keeping the last good objectives", e)
-            return False
-        self.store.replace(config)
-        log.info(
-            "objectives_file_reloaded path=%s objectives=%d rewrite_models=%d generic_rewrite=%s",
-            self.path,
-            len(config.priorities),
-            len(config.exact_rules),
-            config.generic_rule is not None,
+    def apply(self, value: ObjectivesConfig, initial: bool) -> str:
+        self.store.replace(value)
+        return (
+            f"objectives={len(value.priorities)} rewrite_models={len(value.exact_rules)} "
+            f"generic_rewrite={value.generic_rule is not None}"
         )
-        return True
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self.poll_once()

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_epp.datalayer.datastore import Datastore
+from llm_epp.datalayer.filewatch import WatchedFile
 from llm_epp.framework.types import EndpointKey, EndpointMetadata, split_host_port
 
 log = logging.getLogger(__name__)
@@ -113,56 +111,22 @@ def parse_endpoints_file(text: str, source: str) -> tuple[str | None, list[Endpo
     return doc.pool_name, out
 
 
-class EndpointsFileWatcher:
-    """Loads an endpoints file into the datastore and reloads it when its modification time changes."""
+class EndpointsFileWatcher(WatchedFile[tuple[str | None, list[EndpointMetadata]]]):
+    """Loads an endpoints file into the datastore and reloads it when it changes."""
+
+    kind = "endpoints_file"
+    error = EndpointSourceError
 
     def __init__(self, path: str | Path, datastore: Datastore, interval: float = 1.0) -> None:
-        self.path = Path(path)
+        super().__init__(path, interval)
         self.datastore = datastore
-        self.interval = interval
-        self._stamp: tuple[float, int] | None = None
 
-    def load(self) -> None:
-        """Initial load: errors propagate (a bad file at startup is fatal)."""
-        self._stamp = self._stat()
-        pool, endpoints = self._read()
-        if pool and not self.datastore.pool_name:
+    def parse(self, text: str, source: str) -> tuple[str | None, list[EndpointMetadata]]:
+        return parse_endpoints_file(text, source)
+
+    def apply(self, value: tuple[str | None, list[EndpointMetadata]], initial: bool) -> str:
+        pool, endpoints = value
+        if initial and pool and not self.datastore.pool_name:
             self.datastore.pool_name = pool
         self.datastore.replace_all(endpoints)
-
-    def _stat(self) -> tuple[float, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime, st.st_size)
-
-    def _read(self) -> tuple[str | None, Sequence[EndpointMetadata]]:
-        try:
-            text = self.path.read_text()
-        except OSError as e:
-            raise EndpointSourceError(f"{self.path}: cannot read: {e.strerror}") from None
-        return parse_endpoints_file(text, str(self.path))
-
-    def poll_once(self) -> bool:
-        """Reload if the file changed; returns True when the pool was replaced."""
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        if stamp is None:
-            log.error("endpoints_file_missing path=%s; keeping the last good pool", self.path)
-            return False
-        try:
-            _, endpoints = self._read()
-        except EndpointSourceError as e:
-            log.error("endpoints_file_invalid %s; keeping the last good pool", e)
-            return False
-        self.datastore.replace_all(endpoints)
-        log.info("endpoints_file_reloaded path=%s endpoints=%d", self.path, len(endpoints))
-        return True
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self.poll_once()
+        return f"endpoints={len(endpoints)}"

@@ -1,4 +1,8 @@
-"""Runs `llm-epp serve` as a real subprocess on free loopback ports for end-to-end tests."""
+"""Runs `llm-epp serve` as a child process on free loopback ports (tests, the demo and benchmarks).
+
+with EppProcess("--endpoints", "127.0.0.1:8001", "--secure-serving=false") as epp:
+    envoy_options = EnvoyConfigOptions(epp_port=epp.grpc_port, epp_tls=False)
+"""
 
 from __future__ import annotations
 
@@ -8,25 +12,35 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 
 class EppProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 30.0,
+        log_path: str | Path | None = None,
+    ) -> None:
         self.args = list(args)
         self.env = env
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
-        self._dir = Path(tempfile.mkdtemp(prefix="llm-epp-test-"))
-        self.log_path = self._dir / "epp.log"
+        self._dir = Path(tempfile.mkdtemp(prefix="llm-epp-"))
+        self.log_path = Path(log_path) if log_path else self._dir / "epp.log"
 
     @property
     def grpc_port(self) -> int:
         return self.ports["grpc"]
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
 
     @property
     def metrics_url(self) -> str:
@@ -66,7 +80,9 @@ class EppProcess:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> str:
-        return httpx.get(self.metrics_url, timeout=5).text
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
+            text: str = resp.read().decode()
+        return text
 
     def metric_value(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels`."""
