@@ -39,9 +39,49 @@ EXTENSION_POINTS: tuple[Any, ...] = (
 TESTS_ROOT = Path(__file__).resolve().parents[1]
 
 # Parameters as they appear in reference EndpointPickerConfig files.
+_PREFIX = {
+    "autoTune": False,
+    "blockSizeTokens": 16,
+    "maxPrefixBlocksToMatch": 256,
+    "maxPrefixTokensToMatch": 4096,
+    "lruCapacityPerServer": 31250,
+}
+# Parameters with the keys reference (GIE v1.5 / llm-d) EndpointPickerConfig files use.
 REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "max-score-picker": {"maxNumOfEndpoints": 2},
     "random-picker": {"maxNumOfEndpoints": 2},
+    "weighted-random-picker": {"maxNumOfEndpoints": 2},
+    "prefix-cache-scorer": _PREFIX,
+    "approx-prefix-cache-producer": _PREFIX,
+    "token-load-scorer": {"queueThresholdTokens": 4194304},
+    "utilization-detector": {
+        "queueDepthThreshold": 8,
+        "kvCacheUtilThreshold": 0.85,
+        "metricsStalenessThreshold": "200ms",
+        "headroom": 0.1,
+    },
+    "concurrency-detector": {"concurrencyMode": "tokens", "maxConcurrency": 64, "maxTokenConcurrency": 500000},
+    "prefix-cache-affinity-filter": {
+        "affinityThreshold": 0.8,
+        "explorationProbability": 0.01,
+        "maxTTFTPenaltyMs": 5000,
+    },
+    "active-request-scorer": {"idleThreshold": 0, "maxBusyScore": 1.0, "requestTimeout": "2m"},
+    "no-hit-lru-scorer": {"lruSize": 1024},
+    "metrics-data-source": {"scheme": "http", "path": "/metrics", "insecureSkipVerify": True},
+    "core-metrics-extractor": {
+        "engineLabelKey": "inference.networking.k8s.io/engine-type",
+        "defaultEngine": "sglang",
+        "engineConfigs": [
+            {
+                "name": "vllm",
+                "queuedRequestsSpec": "vllm:num_requests_waiting",
+                "runningRequestsSpec": "vllm:num_requests_running",
+                "kvUsageSpec": "vllm:kv_cache_usage_perc",
+            }
+        ],
+    },
+    "label-selector-filter": {"matchLabels": {"llm-d.ai/role": "decode"}},
 }
 
 
