@@ -10,6 +10,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -138,8 +139,20 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _kubernetes_client(opts: Options) -> Any:
+    if not opts.pool_name:
+        return None
+    from llm_epp.k8s import api_client_from_environment
+
+    try:
+        return api_client_from_environment()
+    except Exception as e:  # any credentials problem is a startup error with its reason
+        raise StartupError(f"--pool-name needs Kubernetes credentials (in-cluster or kubeconfig): {e}") from None
+
+
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     c = build(opts)
+    api = _kubernetes_client(opts)  # before any listener starts, so a credentials error leaks nothing
     stop = stop or asyncio.Event()
     server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     server.add_generic_rpc_handlers((c.servicer.handler(), c.pick.handler()))
@@ -174,6 +187,17 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         ports = {"grpc": port, "health": health_port, "metrics": metrics.port}
         await asyncio.to_thread(_write_ports, opts.ports_file, ports)
     loop = asyncio.get_running_loop()
+    pool_watcher = None
+    if api is not None:
+        from llm_epp.k8s import PoolWatcher
+
+        def on_sync(synced: bool) -> None:
+            c.health.synced = synced
+
+        pool_watcher = PoolWatcher(
+            api, opts.pool_namespace, opts.pool_name, opts.pool_group, c.datastore, loop, on_sync=on_sync
+        )
+        pool_watcher.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
@@ -194,6 +218,10 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             for task in background:  # cancelling the lease sweeper releases every outstanding lease
                 task.cancel()
     finally:
+        if pool_watcher is not None:
+            await asyncio.to_thread(pool_watcher.stop)
+        if api is not None:
+            api.close()
         metrics.stop()
 
 

@@ -78,6 +78,7 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     disc.add_argument("--endpoints-file", default="", help="YAML file listing endpoints; reloaded on change")
     disc.add_argument("--pool-name", default="", help="InferencePool to watch (Kubernetes)")
     disc.add_argument("--pool-namespace", default="", help="namespace of the pool (default $NAMESPACE or default)")
+    disc.add_argument("--pool-group", default="inference.networking.k8s.io", help="API group of the InferencePool")
     p.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"
     )
@@ -132,6 +133,7 @@ def _options(args: argparse.Namespace) -> Options:
         endpoints_file=args.endpoints_file,
         pool_name=args.pool_name,
         pool_namespace=args.pool_namespace or os.environ.get("NAMESPACE", "") or "default",
+        pool_group=args.pool_group,
         max_request_body_bytes=args.max_request_body_bytes,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         verbosity=args.verbosity,
@@ -162,10 +164,8 @@ def check_options(opts: Options) -> list[str]:
     if len(sources) > 1:
         problems.append(f"give exactly one endpoint source, not {' and '.join(sources)}")
     if not sources:
-        problems.append("no endpoint source: give --endpoints host:port,... or --endpoints-file FILE")
-    if opts.pool_name:
         problems.append(
-            "--pool-name (Kubernetes InferencePool discovery) is not available yet; use --endpoints or --endpoints-file"
+            "no endpoint source: give --pool-name NAME (Kubernetes), --endpoints host:port,... or --endpoints-file FILE"
         )
     if opts.max_request_body_bytes <= 0:
         problems.append("--max-request-body-bytes must be positive")

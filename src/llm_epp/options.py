@@ -20,6 +20,7 @@ class Options:
     endpoints_file: str = ""
     pool_name: str = ""
     pool_namespace: str = ""
+    pool_group: str = "inference.networking.k8s.io"
     max_request_body_bytes: int = 16 << 20
     disable_endpoint_subset_filter: bool = False
     verbosity: int = 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import select
 import socket
 import threading
 import time
@@ -423,6 +424,13 @@ class _Handler(BaseHTTPRequestHandler):
             with fake._cond:
                 fake._open[key] -= 1
 
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _stream(
         self, res: Resource, flt: _Filter, since: int, deadline: float, bookmarks: bool, drop_gen: int, bm_gen: int
     ) -> None:
@@ -441,7 +449,9 @@ class _Handler(BaseHTTPRequestHandler):
                         or fake._bookmark_gen != bm_gen
                     ):
                         break
-                    fake._cond.wait(min(remaining, 0.5))
+                    fake._cond.wait(min(remaining, 0.1))
+                    if self._client_gone():
+                        return
                 dropped = fake._drop_gen != drop_gen or fake._closing
                 bookmark_due = fake._bookmark_gen != bm_gen
                 bm_gen = fake._bookmark_gen
