@@ -1,0 +1,91 @@
+"""The command line: reference flag names and forms, and clear errors for wrong combinations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llm_epp import cli
+from llm_epp.options import Options
+
+
+def parse(*argv: str) -> Options:
+    args = cli.build_parser().parse_args(["serve", *argv])
+    return cli._options(args)
+
+
+def test_reference_defaults() -> None:
+    opts = parse("--endpoints", "10.0.0.1:8000")
+    assert (opts.grpc_port, opts.grpc_health_port, opts.metrics_port) == (9002, 9003, 9090)
+    assert opts.secure_serving is True
+    assert opts.refresh_metrics_interval == 0.05
+    assert opts.metrics_staleness_threshold == 2.0
+    assert opts.refresh_prometheus_metrics_interval == 5.0
+    assert opts.max_request_body_bytes == 16 << 20
+    assert opts.verbosity == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--secure-serving=false"], "secure_serving", False),
+        (["--secure-serving"], "secure_serving", True),
+        (["--secure-serving", "False"], "secure_serving", False),
+        (["--refresh-metrics-interval", "200ms"], "refresh_metrics_interval", 0.2),
+        (["--metrics-staleness-threshold=1m"], "metrics_staleness_threshold", 60.0),
+        (["--max-request-body-bytes", "4Mi"], "max_request_body_bytes", 4 << 20),
+        (["--v", "4"], "verbosity", 4),
+        (["-v", "5"], "verbosity", 5),
+        (["--zap-encoder", "json"], "json_logs", True),
+    ],
+    ids=["go-bool-false", "bare-bool", "bool-word", "duration-ms", "duration-m", "size-mi", "v", "short-v", "json"],
+)
+def test_flag_forms(argv: list[str], field: str, value: object) -> None:
+    assert getattr(parse("--endpoints", "10.0.0.1:8000", *argv), field) == value
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        ([], "no endpoint source"),
+        (["--endpoints", "a:1", "--endpoints-file", "f.yaml"], "exactly one endpoint source"),
+        (["--endpoints", "a:1", "--pool-name", "p"], "exactly one endpoint source"),
+        (["--endpoints", "a:1", "--config-file", "a", "--config-text", "b"], "mutually exclusive"),
+        (["--endpoints", "a:1", "--grpc-port", "70000"], "--grpc-port must be between"),
+    ],
+    ids=["no-source", "two-sources", "pool-and-static", "two-configs", "bad-port"],
+)
+def test_wrong_combinations_are_explained(argv: list[str], fragment: str) -> None:
+    problems = cli.check_options(parse(*argv))
+    assert any(fragment in p for p in problems), problems
+
+
+@pytest.mark.parametrize("value", ["fast", "10", "-1s"], ids=["word", "no-unit", "negative"])
+def test_bad_durations_are_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--refresh-metrics-interval", value)
+    assert "--refresh-metrics-interval" in capsys.readouterr().err
+
+
+def test_legacy_metric_flags_are_rejected_with_the_replacement(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["serve", "--endpoints", "a:1", "--total-queued-requests-metric", "x"])
+    assert code == 2
+    assert "engineConfigs" in capsys.readouterr().err
+
+
+def test_flags_without_a_subcommand_mean_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--grpc-port", "9002"]) == 2  # parsed as serve; fails on the missing endpoint source
+    assert "no endpoint source" in capsys.readouterr().err
+
+
+def test_config_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("plugins:\n- type: queue-scorer\n- type: max-score-picker\n")
+    assert cli.main(["config", "check", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "scorer queue-scorer weight 1" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins:\n- type: queue-scorr\n")
+    assert cli.main(["config", "check", str(bad)]) == 1
+    assert "plugins[0].type: unknown plugin type 'queue-scorr'" in capsys.readouterr().err
