@@ -105,7 +105,7 @@ def build(opts: Options) -> Components:
         saturation=config.saturation,
     )
     servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
-    health = HealthState(synced=datastore.synced)
+    health = HealthState(synced=datastore.synced, leader_election=opts.ha_enable_leader_election)
     pick = PickServicer(
         director,
         datastore.snapshot,
@@ -187,17 +187,9 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         ports = {"grpc": port, "health": health_port, "metrics": metrics.port}
         await asyncio.to_thread(_write_ports, opts.ports_file, ports)
     loop = asyncio.get_running_loop()
-    pool_watcher = None
-    if api is not None:
-        from llm_epp.k8s import PoolWatcher
-
-        def on_sync(synced: bool) -> None:
-            c.health.synced = synced
-
-        pool_watcher = PoolWatcher(
-            api, opts.pool_namespace, opts.pool_name, opts.pool_group, c.datastore, loop, on_sync=on_sync
-        )
-        pool_watcher.start()
+    discovery = _KubernetesDiscovery(api, opts, c, loop) if api is not None else None
+    if discovery is not None:
+        discovery.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
@@ -210,6 +202,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 background.append(tg.create_task(c.metrics_runtime.run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
+            if discovery is not None and discovery.elector is not None:
+                background.append(tg.create_task(discovery.follow_leadership()))
             await stop.wait()
             log.info("stopping")
             c.health.synced = False
@@ -218,11 +212,82 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             for task in background:  # cancelling the lease sweeper releases every outstanding lease
                 task.cancel()
     finally:
-        if pool_watcher is not None:
-            await asyncio.to_thread(pool_watcher.stop)
+        if discovery is not None:
+            await discovery.stop()
         if api is not None:
             api.close()
         metrics.stop()
+
+
+class _KubernetesDiscovery:
+    """Watches the InferencePool and its pods; with leader election, only while this replica leads (the
+    reference's active-passive HA: followers stay unsynced, so not ready, and the Service routes to the
+    leader). The watches run in worker threads and post their changes to the loop."""
+
+    def __init__(self, api: Any, opts: Options, c: Components, loop: asyncio.AbstractEventLoop) -> None:
+        from llm_epp.k8s import LeaderElector, default_lease_name
+
+        self._api, self._opts, self._c, self._loop = api, opts, c, loop
+        self._changed = asyncio.Event()
+        self.watcher: Any = None
+        self.elector: LeaderElector | None = None
+        if opts.ha_enable_leader_election:
+            lease = default_lease_name(opts.pool_namespace, opts.pool_name)
+            self.elector = LeaderElector(
+                api, opts.pool_namespace, lease, None, loop, self._started_leading, self._stopped_leading
+            )
+
+    def _new_watcher(self) -> Any:
+        from llm_epp.k8s import PoolWatcher
+
+        def on_sync(synced: bool) -> None:
+            self._c.health.synced = synced
+
+        o = self._opts
+        return PoolWatcher(
+            self._api, o.pool_namespace, o.pool_name, o.pool_group, self._c.datastore, self._loop, on_sync=on_sync
+        )
+
+    def start(self) -> None:
+        if self.elector is not None:
+            self.elector.start()
+        else:
+            self.watcher = self._new_watcher()
+            self.watcher.start()
+
+    def _started_leading(self) -> None:
+        self._c.health.is_leader = True
+        log.info("leader_election_won")
+        self._changed.set()
+
+    def _stopped_leading(self) -> None:
+        self._c.health.is_leader = False
+        log.info("leader_election_lost")
+        self._changed.set()
+
+    async def follow_leadership(self) -> None:
+        """Starts the watches when leadership is gained and stops them (emptying the pool) when it is lost.
+        A stopped watcher cannot restart, so each term gets a new one."""
+        c = self._c
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            if c.health.is_leader and self.watcher is None:
+                self.watcher = self._new_watcher()
+                self.watcher.start()
+            elif not c.health.is_leader and self.watcher is not None:
+                watcher, self.watcher = self.watcher, None
+                await asyncio.to_thread(watcher.stop)
+                c.datastore.clear()
+                c.datastore.synced = False  # clear() marks the store synced; a follower is not
+                c.health.synced = False
+
+    async def stop(self) -> None:
+        if self.watcher is not None:
+            watcher, self.watcher = self.watcher, None
+            await asyncio.to_thread(watcher.stop)
+        if self.elector is not None:
+            await asyncio.to_thread(self.elector.stop)  # releases the lease for a follower to take at once
 
 
 def _write_ports(path: str, ports: dict[str, int]) -> None:

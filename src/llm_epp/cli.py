@@ -79,6 +79,12 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     disc.add_argument("--pool-name", default="", help="InferencePool to watch (Kubernetes)")
     disc.add_argument("--pool-namespace", default="", help="namespace of the pool (default $NAMESPACE or default)")
     disc.add_argument("--pool-group", default="inference.networking.k8s.io", help="API group of the InferencePool")
+    _bool_flag(
+        disc,  # type: ignore[arg-type]
+        "--ha-enable-leader-election",
+        False,
+        "active-passive HA: only the replica holding the pool's Lease watches the pool and reports ready",
+    )
     p.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"
     )
@@ -134,6 +140,7 @@ def _options(args: argparse.Namespace) -> Options:
         pool_name=args.pool_name,
         pool_namespace=args.pool_namespace or os.environ.get("NAMESPACE", "") or "default",
         pool_group=args.pool_group,
+        ha_enable_leader_election=args.ha_enable_leader_election,
         max_request_body_bytes=args.max_request_body_bytes,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         verbosity=args.verbosity,
@@ -166,6 +173,10 @@ def check_options(opts: Options) -> list[str]:
     if not sources:
         problems.append(
             "no endpoint source: give --pool-name NAME (Kubernetes), --endpoints host:port,... or --endpoints-file FILE"
+        )
+    if opts.ha_enable_leader_election and not opts.pool_name:
+        problems.append(
+            "--ha-enable-leader-election needs --pool-name (the Lease coordinates replicas serving one InferencePool)"
         )
     if opts.max_request_body_bytes <= 0:
         problems.append("--max-request-body-bytes must be positive")

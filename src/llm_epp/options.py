@@ -21,6 +21,7 @@ class Options:
     pool_name: str = ""
     pool_namespace: str = ""
     pool_group: str = "inference.networking.k8s.io"
+    ha_enable_leader_election: bool = False
     max_request_body_bytes: int = 16 << 20
     disable_endpoint_subset_filter: bool = False
     verbosity: int = 2

@@ -1,14 +1,18 @@
 """An in-test Kubernetes API server speaking the real list/watch protocol for namespaced resources.
 
-Serves core v1 `pods`, `inference.networking.k8s.io/v1` `inferencepools` and the x-k8s v1alpha2 objective
-resources; LIST answers `<Kind>List` with `metadata.resourceVersion`; `?watch=true` streams newline-delimited
-JSON events with chunked transfer from an in-memory event log (resuming after `resourceVersion`, honouring
-`timeoutSeconds` and `allowWatchBookmarks`); `labelSelector` (=, ==, != terms joined by commas) and
-`fieldSelector` (metadata.name / metadata.namespace) filter both. Resuming from a compacted version gets 410
-Gone (an ERROR event inside the stream, as the real server sends, or an HTTP 410 when `gone_as_http`).
+Serves core v1 `pods`, `inference.networking.k8s.io/v1` `inferencepools`, the x-k8s v1alpha2 objective resources
+and `coordination.k8s.io/v1` `leases`; LIST answers `<Kind>List` with `metadata.resourceVersion`; `?watch=true`
+streams newline-delimited JSON events with chunked transfer from an in-memory event log (resuming after
+`resourceVersion`, honouring `timeoutSeconds` and `allowWatchBookmarks`); `labelSelector` (=, ==, != terms
+joined by commas) and `fieldSelector` (metadata.name / metadata.namespace) filter both. Resuming from a
+compacted version gets 410 Gone (an ERROR event inside the stream, as the real server sends, or an HTTP 410 when
+`gone_as_http`). Clients may also GET one object (404 NotFound Status when absent), POST to a collection (409
+AlreadyExists) and PUT one object (409 Conflict when the body's `metadata.resourceVersion` is stale), as leader
+election does.
 
 Test API: `create` / `update` / `delete` (each bumps the resourceVersion), `compact`, `drop_watches` (closes
-open watch connections mid-stream without the terminating chunk), `send_bookmark`. Binds 127.0.0.1 port 0.
+open watch connections mid-stream without the terminating chunk), `send_bookmark`, `reject_writes` (a predicate
+on a client's POST/PUT body; true answers 503 ServiceUnavailable). Binds 127.0.0.1 port 0.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,6 +56,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("inferencepools", "InferencePool", "inference.networking.k8s.io", "v1"),
         Resource("inferenceobjectives", "InferenceObjective", "inference.networking.x-k8s.io", "v1alpha2"),
         Resource("inferencemodelrewrites", "InferenceModelRewrite", "inference.networking.x-k8s.io", "v1alpha2"),
+        Resource("leases", "Lease", "coordination.k8s.io", "v1"),
     )
 }
 
@@ -116,6 +122,8 @@ class FakeApiServer:
         self._bookmark_gen = 0
         self._closing = False
         self.gone_as_http = False
+        # (plural, body) -> True to answer a client's POST/PUT with 503 instead of storing it
+        self.reject_writes: Callable[[str, dict[str, Any]], bool] | None = None
         self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch") -> count
         self._open: dict[tuple[str, str], int] = {}
         self._httpd: ThreadingHTTPServer | None = None
@@ -245,6 +253,42 @@ class FakeApiServer:
             self._cond.notify_all()
             return copy.deepcopy(obj)
 
+    def _client_write(
+        self, plural: str, namespace: str, name: str | None, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """A client's POST (name None) or PUT: (HTTP status, response body)."""
+        res = RESOURCES[plural]
+        group = f"{plural}.{res.group}" if res.group else plural
+        if self.reject_writes is not None and self.reject_writes(plural, body):
+            return 503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        meta = body.get("metadata")
+        if not isinstance(meta, dict) or not meta.get("name"):
+            return 422, _status(422, "Invalid", f"{plural}: metadata.name: Required value")
+        if name is not None and meta["name"] != name:
+            return 400, _status(400, "BadRequest", "the name of the object does not match the name on the URL")
+        if meta.get("namespace", namespace) != namespace:
+            return 400, _status(
+                400, "BadRequest", "the namespace of the object does not match the namespace on the URL"
+            )
+        meta["namespace"] = namespace
+        key = (plural, namespace, meta["name"])
+        with self._cond:  # check and write atomically; the condition wraps an RLock, so _write re-enters it
+            current = self._objects.get(key)
+            if name is None and current is not None:
+                return 409, _status(409, "AlreadyExists", f'{group} "{meta["name"]}" already exists')
+            if name is not None and current is None:
+                return 404, _status(404, "NotFound", f'{group} "{name}" not found')
+            want = meta.get("resourceVersion")
+            if current is not None and want and want != current["metadata"]["resourceVersion"]:
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {group} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+            created = self._write(plural, body, create=current is None)
+        return (201 if current is None else 200), created
+
     def _count(self, plural: str, kind: str) -> None:
         with self._cond:
             self.requests[(plural, kind)] = self.requests.get((plural, kind), 0) + 1
@@ -280,6 +324,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _write_request(self, post: bool) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        for res in RESOURCES.values():
+            head = res.prefix + "/namespaces/"
+            if not path.startswith(head):
+                continue
+            rest = path[len(head) :].split("/")
+            if len(rest) != (2 if post else 3) or rest[1] != res.plural:
+                continue
+            try:
+                body = json.loads(raw)
+                if not isinstance(body, dict):
+                    raise ValueError("not an object")
+            except ValueError as e:
+                self._send_json(400, _status(400, "BadRequest", f"invalid body: {e}"))
+                return
+            code, answer = self.server_fake._client_write(res.plural, rest[0], None if post else rest[2], body)
+            self._send_json(code, answer)
+            return
+        self._send_json(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def do_POST(self) -> None:
+        self._write_request(post=True)
+
+    def do_PUT(self) -> None:
+        self._write_request(post=False)
 
     def do_GET(self) -> None:
         parts = urlsplit(self.path)

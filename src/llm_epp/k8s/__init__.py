@@ -1,4 +1,4 @@
-"""Kubernetes discovery: an InferencePool and its pods become datastore endpoints."""
+"""Kubernetes discovery (an InferencePool and its pods become datastore endpoints) and leader election."""
 
 from llm_epp.k8s.discovery import (
     ACTIVE_PORTS_ANNOTATION,
@@ -10,6 +10,7 @@ from llm_epp.k8s.discovery import (
     is_pod_ready,
     pool_spec,
 )
+from llm_epp.k8s.leader import LeaderElector, default_identity, default_lease_name
 from llm_epp.k8s.watcher import PoolWatcher, api_client_from_environment
 
 __all__ = [
@@ -17,9 +18,12 @@ __all__ = [
     "DEFAULT_POOL_GROUP",
     "POOL_PLURAL",
     "POOL_VERSION",
+    "LeaderElector",
     "PoolSpec",
     "PoolWatcher",
     "api_client_from_environment",
+    "default_identity",
+    "default_lease_name",
     "endpoints_for",
     "is_pod_ready",
     "pool_spec",
