@@ -223,3 +223,50 @@ def test_lora_requests_prefer_the_endpoint_with_the_adapter_loaded(backends: Bac
     assert sql == ["b"] * 20
     assert "c" not in new  # an endpoint with no free adapter slot is avoided for an adapter it lacks
     assert set(new) == {"a", "b"}
+
+
+STALE_AWARE_CONFIG = """\
+plugins:
+- type: queue-scorer
+- type: utilization-detector
+  parameters: {queueDepthThreshold: 50, metricsStalenessThreshold: 500ms}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: utilization-detector}
+  - {pluginRef: queue-scorer}
+  - {pluginRef: max-score-picker}
+"""
+
+
+def _scraped(epp: EppProcess) -> dict[str, tuple[bool, float, int]]:
+    with grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+        stub = picker_pb2_grpc.EndpointPickerStub(channel)
+        reply = stub.ListEndpoints(picker_pb2.ListEndpointsRequest())
+    return {e.name: (e.has_metrics, e.metrics_age_seconds, e.metrics.waiting_queue_size) for e in reply.endpoints}
+
+
+def test_scraped_queue_depths_steer_traffic_and_failing_metrics_go_stale(backends: BackendPool, tmp_path: Path) -> None:
+    for backend, queue in zip(backends, (0, 5, 20), strict=True):
+        backend.queue = queue
+    gw = Gateway(backends, tmp_path, STALE_AWARE_CONFIG)
+    try:
+        deadline = time.monotonic() + 20
+        while {name: q for name, (has, _, q) in _scraped(gw.epp).items() if has} != {"a": 0, "b": 5, "c": 20}:
+            assert time.monotonic() < deadline, "queue depths were never scraped"
+            time.sleep(0.05)
+        with httpx.Client(timeout=30) as c:
+            before = [gw.post(c, f"{i} distinct prompt {i}").headers["x-backend-name"] for i in range(20)]
+        backends[0].metrics_failing = True  # the least loaded endpoint's /metrics starts failing
+        deadline = time.monotonic() + 20
+        while _scraped(gw.epp)["a"][1] < 1.0:  # its last good scrape ages past the 500 ms threshold
+            assert time.monotonic() < deadline, "the failing endpoint's metrics never aged"
+            time.sleep(0.05)
+        with httpx.Client(timeout=30) as c:
+            after = [gw.post(c, f"{i} other prompt {i}").headers["x-backend-name"] for i in range(20)]
+        assert "scrape_failed endpoint=a" in gw.epp.log()  # the failure was logged, with its reason
+    finally:
+        gw.stop()
+    assert before == ["a"] * 20  # queue 0 beats 5 and 20
+    assert after == ["b"] * 20  # stale metrics are not trusted: the next least loaded fresh endpoint wins

@@ -83,6 +83,7 @@ class Backend:
         self.kv_cache_usage = 0.0
         # LoRA adapters reported as loaded in vllm:lora_requests_info (None: the series is not exported)
         self.lora_adapters: list[str] | None = None
+        self.metrics_failing = False  # True: /metrics answers 500 with an HTML page
         self.max_loras = 4
         self._started_at = time.time()
         self.in_flight = 0
@@ -268,7 +269,10 @@ class Backend:
         elif path == "/health" and req.method == "GET":
             await self._send(writer, 200, b"", "text/plain", keep_alive)
         elif path == "/metrics" and req.method == "GET":
-            await self._send(writer, 200, self.metrics_text().encode(), "text/plain; version=0.0.4", keep_alive)
+            if self.metrics_failing:
+                await self._send(writer, 500, b"<html>internal error</html>", "text/html", keep_alive)
+            else:
+                await self._send(writer, 200, self.metrics_text().encode(), "text/plain; version=0.0.4", keep_alive)
         else:
             await self._send_json(writer, 404, {"error": f"no route for {req.method} {path}"}, keep_alive)
 
