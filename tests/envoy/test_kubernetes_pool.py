@@ -3,7 +3,6 @@ API server that speaks the real list/watch protocol), routed through a real Envo
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.envoy
 
@@ -62,13 +62,6 @@ def served(envoy: EnvoyProcess, n: int) -> set[str]:
             r = c.post(envoy.url("/v1/completions"), json=body)
             out.add(r.headers.get("x-backend-name", f"status-{r.status_code}"))
         return out
-
-
-def wait_until(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_pool_discovered_from_kubernetes_and_followed_when_pods_change(tmp_path: Path) -> None:

@@ -3,9 +3,7 @@ ready and knows the pool; when it stops (releasing the Lease) the other takes ov
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -13,19 +11,13 @@ from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.observability.health import SERVING, decode_check_response, encode_check_request
 from tests.envoy.test_kubernetes_pool import NS, kubeconfig, pod, pool
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.wait import wait_until
 
 
 def readiness(epp: EppProcess) -> int:
     with grpc.insecure_channel(f"127.0.0.1:{epp.ports['health']}") as channel:
         check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None)
         return decode_check_response(check(encode_check_request("readiness"), timeout=5))
-
-
-def wait_until(cond: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_one_leader_is_ready_and_a_follower_takes_over(tmp_path: Path) -> None:
