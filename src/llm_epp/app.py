@@ -59,11 +59,12 @@ class Components:
     pick: PickServicer
     objectives_watcher: ObjectivesFileWatcher | None
     metrics_runtime: MetricsRuntime | None
+    objectives: ObjectivesStore
 
 
 def build(opts: Options) -> Components:
     """Everything that does not listen on a port. Raises StartupError."""
-    datastore = Datastore(pool_name=opts.pool_name or "static")
+    datastore = Datastore(pool_name=opts.pool_name or ("standalone" if opts.endpoint_selector else "static"))
     watcher: EndpointsFileWatcher | None = None
     try:
         if opts.endpoints:
@@ -125,7 +126,7 @@ def build(opts: Options) -> Components:
             refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
         )
     return Components(
-        datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher, runtime
+        datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher, runtime, objectives
     )
 
 
@@ -140,14 +141,15 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
 
 
 def _kubernetes_client(opts: Options) -> Any:
-    if not opts.pool_name:
+    if not opts.pool_name and not opts.endpoint_selector:
         return None
     from llm_epp.k8s import api_client_from_environment
 
     try:
         return api_client_from_environment()
     except Exception as e:  # any credentials problem is a startup error with its reason
-        raise StartupError(f"--pool-name needs Kubernetes credentials (in-cluster or kubeconfig): {e}") from None
+        flag = "--pool-name" if opts.pool_name else "--endpoint-selector"
+        raise StartupError(f"{flag} needs Kubernetes credentials (in-cluster or kubeconfig): {e}") from None
 
 
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
@@ -230,6 +232,7 @@ class _KubernetesDiscovery:
         self._api, self._opts, self._c, self._loop = api, opts, c, loop
         self._changed = asyncio.Event()
         self.watcher: Any = None
+        self.objectives: Any = None
         self.elector: LeaderElector | None = None
         if opts.ha_enable_leader_election:
             lease = default_lease_name(opts.pool_namespace, opts.pool_name)
@@ -244,11 +247,28 @@ class _KubernetesDiscovery:
             self._c.health.synced = synced
 
         o = self._opts
+        if o.endpoint_selector:
+            from llm_epp.k8s.selector import SelectorWatcher, standalone_pool_spec
+
+            spec = standalone_pool_spec(o.pool_namespace, o.endpoint_selector, o.endpoint_target_ports)
+            return SelectorWatcher(self._api, spec, self._c.datastore, self._loop, on_sync=on_sync)
         return PoolWatcher(
             self._api, o.pool_namespace, o.pool_name, o.pool_group, self._c.datastore, self._loop, on_sync=on_sync
         )
 
     def start(self) -> None:
+        o = self._opts
+        if o.pool_name and not o.objectives_file:  # InferenceObjectives / rewrites, when their CRDs exist
+            from llm_epp.k8s.objectives import ObjectivesWatcher
+
+            self.objectives = ObjectivesWatcher(
+                self._api, o.pool_namespace, o.pool_name, o.pool_group, self._c.objectives, self._loop
+            )
+            try:
+                self.objectives.start()
+            except Exception as e:  # API discovery failed for another reason than absent CRDs
+                log.warning("k8s_objectives_unavailable reason=%r", e)
+                self.objectives = None
         if self.elector is not None:
             self.elector.start()
         else:
@@ -283,6 +303,8 @@ class _KubernetesDiscovery:
                 c.health.synced = False
 
     async def stop(self) -> None:
+        if self.objectives is not None:
+            await asyncio.to_thread(self.objectives.stop)
         if self.watcher is not None:
             watcher, self.watcher = self.watcher, None
             await asyncio.to_thread(watcher.stop)

@@ -79,6 +79,12 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     disc.add_argument("--pool-name", default="", help="InferencePool to watch (Kubernetes)")
     disc.add_argument("--pool-namespace", default="", help="namespace of the pool (default $NAMESPACE or default)")
     disc.add_argument("--pool-group", default="inference.networking.k8s.io", help="API group of the InferencePool")
+    disc.add_argument(
+        "--endpoint-selector", default="", help="standalone Kubernetes mode: pods matching k=v[,k=v] are the pool"
+    )
+    disc.add_argument(
+        "--endpoint-target-ports", default="", help="with --endpoint-selector: the model-server ports (1-8, comma list)"
+    )
     _bool_flag(
         disc,  # type: ignore[arg-type]
         "--ha-enable-leader-election",
@@ -141,6 +147,8 @@ def _options(args: argparse.Namespace) -> Options:
         pool_namespace=args.pool_namespace or os.environ.get("NAMESPACE", "") or "default",
         pool_group=args.pool_group,
         ha_enable_leader_election=args.ha_enable_leader_election,
+        endpoint_selector=args.endpoint_selector,
+        endpoint_target_ports=args.endpoint_target_ports,
         max_request_body_bytes=args.max_request_body_bytes,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         verbosity=args.verbosity,
@@ -154,6 +162,30 @@ def _options(args: argparse.Namespace) -> Options:
     )
 
 
+def _selector_problems(opts: Options) -> list[str]:
+    if not opts.endpoint_selector:
+        return ["--endpoint-target-ports is only used with --endpoint-selector"] if opts.endpoint_target_ports else []
+    from llm_epp.k8s.selector import EndpointSelectorError, parse_endpoint_selector, parse_target_ports
+
+    problems = []
+    try:
+        parse_endpoint_selector(opts.endpoint_selector)
+    except EndpointSelectorError as e:
+        problems.append(str(e))
+    if not opts.endpoint_target_ports:
+        problems.append("--endpoint-selector needs --endpoint-target-ports, e.g. --endpoint-target-ports 8000")
+    else:
+        try:
+            parse_target_ports(opts.endpoint_target_ports)
+        except EndpointSelectorError as e:
+            problems.append(str(e))
+    if opts.ha_enable_leader_election:
+        problems.append(
+            "--ha-enable-leader-election needs --pool-name; standalone --endpoint-selector runs one replica"
+        )
+    return problems
+
+
 def check_options(opts: Options) -> list[str]:
     """Problems with a flag combination, each saying how to fix it."""
     problems = []
@@ -165,6 +197,7 @@ def check_options(opts: Options) -> list[str]:
             ("--endpoints", opts.endpoints),
             ("--endpoints-file", opts.endpoints_file),
             ("--pool-name", opts.pool_name),
+            ("--endpoint-selector", opts.endpoint_selector),
         )
         if v
     ]
@@ -172,8 +205,10 @@ def check_options(opts: Options) -> list[str]:
         problems.append(f"give exactly one endpoint source, not {' and '.join(sources)}")
     if not sources:
         problems.append(
-            "no endpoint source: give --pool-name NAME (Kubernetes), --endpoints host:port,... or --endpoints-file FILE"
+            "no endpoint source: give --pool-name NAME or --endpoint-selector k=v (Kubernetes), "
+            "--endpoints host:port,... or --endpoints-file FILE"
         )
+    problems.extend(_selector_problems(opts))
     if opts.ha_enable_leader_election and not opts.pool_name:
         problems.append(
             "--ha-enable-leader-election needs --pool-name (the Lease coordinates replicas serving one InferencePool)"

@@ -22,6 +22,8 @@ class Options:
     pool_namespace: str = ""
     pool_group: str = "inference.networking.k8s.io"
     ha_enable_leader_election: bool = False
+    endpoint_selector: str = ""
+    endpoint_target_ports: str = ""  # comma list, validated by check_options
     max_request_body_bytes: int = 16 << 20
     disable_endpoint_subset_filter: bool = False
     verbosity: int = 2

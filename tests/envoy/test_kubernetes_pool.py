@@ -106,3 +106,30 @@ def test_pool_discovered_from_kubernetes_and_followed_when_pods_change(tmp_path:
         finally:
             epp.stop()
         assert "Traceback" not in epp.log()
+
+
+def test_standalone_endpoint_selector_without_an_inference_pool(tmp_path: Path) -> None:
+    with BackendPool(1, names=["only"]) as backends, FakeApiServer() as api:
+        api.create("pods", pod("vllm-0"))
+        api.create("pods", {**pod("other"), "metadata": {"name": "other", "namespace": NS, "labels": {"app": "x"}}})
+        epp = EppProcess(
+            "--endpoint-selector",
+            "app=vllm",
+            "--endpoint-target-ports",
+            str(backends[0].port),
+            "--pool-namespace",
+            NS,
+            "--secure-serving=false",
+            env={"KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", api.url))},
+        ).start()
+        try:
+            envoy = EnvoyProcess(
+                build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=False))
+            ).start()
+            try:
+                wait_until(lambda: served(envoy, 5) == {"only"}, "the selected pod to serve")
+            finally:
+                envoy.stop()
+        finally:
+            epp.stop()
+        assert api.count("inferencepools", "list") == 0  # standalone mode never looks for a pool

@@ -11,7 +11,8 @@ AlreadyExists) and PUT one object (409 Conflict when the body's `metadata.resour
 election does.
 
 Test API: `create` / `update` / `delete` (each bumps the resourceVersion), `compact`, `drop_watches` (closes
-open watch connections mid-stream without the terminating chunk), `send_bookmark`, `reject_writes` (a predicate
+open watch connections mid-stream without the terminating chunk), `send_bookmark`, `hidden_groups` (API groups
+answered as not installed: absent from discovery, 404 on requests), `reject_writes` (a predicate
 on a client's POST/PUT body; true answers 503 ServiceUnavailable). Binds 127.0.0.1 port 0.
 """
 
@@ -122,6 +123,7 @@ class FakeApiServer:
         self._bookmark_gen = 0
         self._closing = False
         self.gone_as_http = False
+        self.hidden_groups: set[str] = set()  # API groups discovery and requests treat as not installed
         # (plural, body) -> True to answer a client's POST/PUT with 503 instead of storing it
         self.reject_writes: Callable[[str, dict[str, Any]], bool] | None = None
         self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch") -> count
@@ -365,6 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, self._group_list())
             return
         for res in RESOURCES.values():
+            if res.group in self.server_fake.hidden_groups:
+                continue
             if path == res.prefix:
                 self._send_json(200, self._resource_list(res.group, res.version))
                 return
@@ -388,6 +392,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _group_list(self) -> dict[str, Any]:
         groups: dict[str, list[str]] = {}
         for res in RESOURCES.values():
+            if res.group in self.server_fake.hidden_groups:
+                continue
             if res.group and res.version not in groups.setdefault(res.group, []):
                 groups[res.group].append(res.version)
         return {

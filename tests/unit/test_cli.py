@@ -53,8 +53,24 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         (["--endpoints", "a:1", "--pool-name", "p"], "exactly one endpoint source"),
         (["--endpoints", "a:1", "--config-file", "a", "--config-text", "b"], "mutually exclusive"),
         (["--endpoints", "a:1", "--grpc-port", "70000"], "--grpc-port must be between"),
+        (["--endpoint-selector", "app=vllm"], "needs --endpoint-target-ports"),
+        (["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "0"], "--endpoint-target-ports"),
+        (["--endpoint-selector", "app vllm", "--endpoint-target-ports", "8000"], "--endpoint-selector"),
+        (["--endpoints", "a:1", "--endpoint-target-ports", "8000"], "only used with --endpoint-selector"),
+        (["--endpoints", "a:1", "--ha-enable-leader-election"], "needs --pool-name"),
     ],
-    ids=["no-source", "two-sources", "pool-and-static", "two-configs", "bad-port"],
+    ids=[
+        "no-source",
+        "two-sources",
+        "pool-and-static",
+        "two-configs",
+        "bad-port",
+        "selector-without-ports",
+        "bad-target-port",
+        "bad-selector",
+        "ports-without-selector",
+        "ha-without-pool",
+    ],
 )
 def test_wrong_combinations_are_explained(argv: list[str], fragment: str) -> None:
     problems = cli.check_options(parse(*argv))
