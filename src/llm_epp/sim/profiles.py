@@ -1,0 +1,122 @@
+"""Constants of the simulated model server (:class:`llm_epp.sim.engine.Engine`).
+
+A :class:`Profile` fixes one pod's capacity (KV blocks, seats, token budget, LoRA slots) and its cost
+model.  The duration of one engine step (one forward pass of the continuous batch) is::
+
+    step_base
+    + prefill_cost_per_token * prefill_tokens_this_step
+    + decode_cost_per_seq    * decoding_seqs_this_step
+    + kv_read_cost_per_token * kv_tokens_of_scheduled_seqs
+    + lora_load_time         * adapters_loaded_this_step
+
+Two profiles ship: ``qwen3-32b-h100-tp2`` (the benchmark anchor's pod; its constants are a first
+estimate, to be calibrated by the benchmark against the published round-robin baseline, see
+``docs/simulator.md``) and ``tiny`` (small and fast, for tests and the demo).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PROFILES", "QWEN3_32B_H100_TP2", "TINY", "Profile", "get_profile"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """Capacity and cost constants of one simulated vLLM-like pod (times in seconds)."""
+
+    name: str
+    num_gpu_blocks: int
+    """KV-cache capacity in blocks (capacity in tokens = ``num_gpu_blocks * block_size``)."""
+    block_size: int = 16
+    max_num_seqs: int = 256
+    """Seats in the running batch (vLLM ``--max-num-seqs``)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step, prefill chunks and decodes together (chunked prefill)."""
+    max_model_len: int = 40960
+    """Longest prompt + completion accepted."""
+    max_loras: int = 1
+    """LoRA adapters resident at once (vLLM ``--max-loras``); 0 rejects LoRA requests."""
+    lora_load_time: float = 0.0
+    """Added to the step in which an adapter is loaded."""
+    step_base: float
+    prefill_cost_per_token: float
+    decode_cost_per_seq: float
+    kv_read_cost_per_token: float
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, field_name) < 1:
+                raise ValueError(f"{field_name} must be >= 1")
+        if self.max_loras < 0:
+            raise ValueError("max_loras must be >= 0")
+        if self.step_base <= 0:
+            raise ValueError("step_base must be > 0")
+        for field_name in ("lora_load_time", "prefill_cost_per_token", "decode_cost_per_seq", "kv_read_cost_per_token"):
+            if getattr(self, field_name) < 0:
+                raise ValueError(f"{field_name} must be >= 0")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+QWEN3_32B_H100_TP2 = Profile(
+    name="qwen3-32b-h100-tp2",
+    num_gpu_blocks=307_328 // 16,
+    block_size=16,
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    max_model_len=40_960,
+    max_loras=1,
+    lora_load_time=0.1,
+    step_base=0.016,
+    prefill_cost_per_token=6.0e-5,
+    decode_cost_per_seq=1.0e-4,
+    kv_read_cost_per_token=6.5e-8,
+)
+"""Qwen3-32B (bf16) on 2 x H100 80GB, tensor parallel 2: the pod of the benchmark anchor.
+
+TO BE CALIBRATED by the benchmark against the published round-robin baseline (calibration rule in
+the benchmark protocol); these are first estimates from hardware figures, not measurements:
+
+* ``num_gpu_blocks`` = 307,328 tokens / 16: the KV capacity per pod published with the anchor.
+* ``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192: vLLM V1 defaults on a data-centre GPU.
+* ``max_model_len`` 40,960: Qwen3-32B's native context.
+* ``step_base`` 16 ms: a small-batch decode step is bound by reading the weights, ~32.8B params x
+  2 bytes = 65.6 GB over 2 GPUs at ~3.35 TB/s each with ~60% efficiency, plus launch and all-reduce.
+* ``prefill_cost_per_token`` 60 us: 2 x 32.8 GFLOP per token over 2 x 989 dense bf16 TFLOP/s at
+  ~55% MFU, i.e. ~16.7k prefill tokens/s per pod (a full 8192-token chunk costs ~0.5 s).
+* ``decode_cost_per_seq`` 0.1 ms: per-sequence matmul rows, sampling and bookkeeping.
+* ``kv_read_cost_per_token`` 65 ns: Qwen3-32B keeps 64 layers x 8 KV heads x 128 dims x (K, V) x
+  2 bytes = 256 KiB per token; attention reads it at ~4 TB/s over the pod, so a full KV cache
+  (307k tokens) adds ~20 ms to a step.
+* ``max_loras`` 1 (vLLM's default), ``lora_load_time`` 0.1 s: the anchor uses no adapters.
+"""
+
+TINY = Profile(
+    name="tiny",
+    num_gpu_blocks=256,
+    block_size=16,
+    max_num_seqs=16,
+    max_num_batched_tokens=512,
+    max_model_len=4096,
+    max_loras=2,
+    lora_load_time=0.05,
+    step_base=0.002,
+    prefill_cost_per_token=1.0e-5,
+    decode_cost_per_seq=1.0e-4,
+    kv_read_cost_per_token=1.0e-7,
+)
+"""Small and fast, for tests and the demo: 4,096 KV tokens, 16 seats, a 512-token step budget, two LoRA
+slots; a decode step takes a few milliseconds of virtual time.  Not calibrated against anything."""
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (QWEN3_32B_H100_TP2, TINY)}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; ``KeyError`` listing the known names otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
