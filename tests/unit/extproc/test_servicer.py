@@ -340,3 +340,16 @@ async def test_explain_header(enabled: bool, asked: bool, present: bool) -> None
     first, second = got.split(", ")
     assert first == "10.0.0.1:8000;total=4;queue-scorer=2;kv-cache-utilization-scorer=2;prefix-cache-scorer=0"
     assert second == "10.0.0.2:8000;total=1;queue-scorer=0;kv-cache-utilization-scorer=1;prefix-cache-scorer=0"
+
+
+async def test_an_unexpected_failure_becomes_a_stream_error_and_releases_nothing_twice(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(harness.director.scheduler, "schedule", broken)
+    with pytest.raises(RuntimeError, match="scheduler bug"):  # grpc.aio turns it into a stream error
+        await harness.run([headers_msg(POST), body_msg(body(), True)])
+    assert harness.recorder.running == 0
+    assert harness.recorder.completed == []
