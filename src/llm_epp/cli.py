@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llm_epp.gateway import envoy_config
 
     envoy_config.add_arguments(sub.add_parser("envoy-config", help="print an Envoy bootstrap for the EPP"))
+    from llm_epp.sim import cli as sim_cli
+
+    sim_cli.add_arguments(sub.add_parser("sim", help="run simulated vLLM pods on loopback"))
     cfg = sub.add_parser("config", help="work with EndpointPickerConfig files")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a config file and print the resolved profiles")
@@ -290,5 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return envoy_config.run(args)
     if args.command == "config":
         return _config_check(args)
+    if args.command == "sim":
+        from llm_epp.sim import cli as sim_cli
+
+        return sim_cli.run(args)
     parser.print_help()
     return 2

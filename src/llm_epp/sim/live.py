@@ -1,0 +1,151 @@
+"""A live simulated pod: one :class:`~llm_epp.sim.engine.Engine` driven in real time by an asyncio task.
+
+Virtual time is ``(loop.time() - start) / time_scale``: a modelled duration ``d`` takes ``d * time_scale``
+seconds of wall time (``time_scale=0.01`` runs 100x faster).  The driver sleeps until the end of the
+current engine step, advances the engine to the present and hands the events to the requests'
+queues.  A late driver (busy loop) catches up by advancing over several steps at once.
+
+Requests whose client went away keep running in the engine (no abort is modelled); their events are
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+
+from llm_epp.sim.engine import Engine, EventKind, RequestEvent, SimRequest
+from llm_epp.sim.profiles import Profile
+from llm_epp.sim.vllm_metrics import PodMetrics, render
+
+__all__ = ["LivePod", "LiveRequest"]
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    id: str
+    arrival: float
+    """Virtual time of submission."""
+    stream: bool
+    queue: asyncio.Queue[RequestEvent] = field(default_factory=asyncio.Queue)
+    last_token: float = 0.0
+    abandoned: bool = False
+
+
+class LivePod:
+    """One simulated model server's engine in real time (no HTTP; see :mod:`llm_epp.sim.server`)."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: Profile,
+        *,
+        model: str = "sim-model",
+        loras: tuple[str, ...] = (),
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        self.name = name
+        self.profile = profile
+        self.model = model
+        self.loras = tuple(loras)
+        self.time_scale = time_scale
+        self.engine = Engine(profile, 0.0, token_events=True)
+        self.stats = PodMetrics()
+        self._requests: dict[str, LiveRequest] = {}
+        self._ids = itertools.count(1)
+        self._t0 = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> LivePod:
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._drive(), name=f"sim-pod-{self.name}")
+        return self
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return (self.model, *self.loras)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def now(self) -> float:
+        """The current virtual time (never behind the engine's clock)."""
+        assert self._loop is not None, "pod not started"
+        return max((self._loop.time() - self._t0) / self.time_scale, self.engine.clock)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(
+        self, prompt_token_ids: tuple[int, ...], max_tokens: int, lora: str | None, *, stream: bool
+    ) -> LiveRequest:
+        """Queue a request now; ``ValueError`` if the engine rejects it."""
+        now = self.now()
+        self._deliver(self.engine.advance(now))
+        rid = f"{self.name}-{next(self._ids)}"
+        self.engine.submit(SimRequest(rid, prompt_token_ids, max_tokens, lora), now)
+        req = LiveRequest(rid, now, stream)
+        self._requests[rid] = req
+        self._wake.set()
+        return req
+
+    def abandon(self, req: LiveRequest) -> None:
+        """The client is gone: keep the engine work, drop the events."""
+        req.abandoned = True
+
+    def metrics_text(self) -> str:
+        if self._loop is not None:
+            self._deliver(self.engine.advance(self.now()))
+        return render(self.model, self.engine.metrics(), self.stats, lora_enabled=bool(self.loras))
+
+    # ------------------------------------------------------------------ driver
+
+    async def _drive(self) -> None:
+        assert self._loop is not None
+        engine = self.engine
+        while True:
+            t = engine.next_event_time()
+            if t is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = (t - self.now()) * self.time_scale
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._deliver(engine.advance(max(t, self.now())))
+
+    def _deliver(self, events: list[RequestEvent]) -> None:
+        stats = self.stats
+        for ev in events:
+            req = self._requests.get(ev.request_id)
+            if req is None:
+                continue
+            if ev.kind is EventKind.FIRST_TOKEN:
+                stats.ttft.observe(ev.time - req.arrival)
+                req.last_token = ev.time
+            elif ev.kind is EventKind.TOKEN:
+                stats.itl.observe(ev.time - req.last_token)
+                req.last_token = ev.time
+            else:
+                stats.e2e.observe(ev.time - req.arrival)
+                stats.success["length"] += 1
+                del self._requests[ev.request_id]
+            if not req.abandoned and (req.stream or ev.kind is EventKind.FINISHED):
+                req.queue.put_nowait(ev)

@@ -1,0 +1,418 @@
+"""HTTP/1.1 front end of a live simulated vLLM pod (:class:`~llm_epp.sim.live.LivePod`).
+
+Stdlib asyncio streams, keep-alive, request bodies with ``content-length`` or chunked.  Binds 127.0.0.1
+(port 0 = a free port).  Every response carries ``x-sim-pod: <name>``.  Routes (vLLM-compatible where
+vLLM has them; the peer routers' extras as in the team's peers notes):
+
+* ``POST /v1/completions``, ``POST /v1/chat/completions``: JSON with ``usage`` (incl.
+  ``prompt_tokens_details.cached_tokens``) or vLLM-style SSE when ``"stream": true``.  Output length is
+  ``max_tokens`` (``max_completion_tokens`` for chat; default 16); the text is synthetic (`` t0 t1 ...``).
+  ``model`` selects the base model or a LoRA adapter; unknown models answer 404.
+* ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`).
+* ``POST /tokenize``, ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``.
+* ``GET /get_load`` (``{"load": N}`` as vllm-router reads it, or SGLang's per-rank list with
+  ``load_format="sglang"``), ``GET /server_info`` (alias ``/get_server_info``), ``GET /model_info``
+  (alias ``/get_model_info``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import orjson
+
+from llm_epp.sim import tokenizer
+from llm_epp.sim.engine import EventKind
+from llm_epp.sim.live import LivePod, LiveRequest
+
+__all__ = ["SimServer"]
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large"}
+_MAX_BODY = 64 * 1024 * 1024
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "BadRequestError"}
+DEFAULT_MAX_TOKENS = 16
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+class _Request:
+    __slots__ = ("body", "headers", "method", "path")
+
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error object as vLLM returns it."""
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
+
+
+def _token_text(index: int) -> str:
+    return f" t{index}"
+
+
+class SimServer:
+    """One HTTP server in front of one :class:`LivePod`."""
+
+    def __init__(
+        self, pod: LivePod, *, host: str = "127.0.0.1", port: int = 0, load_format: str = "vllm-router"
+    ) -> None:
+        if load_format not in ("vllm-router", "sglang"):
+            raise ValueError("load_format must be 'vllm-router' or 'sglang'")
+        self.pod = pod
+        self.host = host
+        self.port = port
+        self.load_format = load_format
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
+        self._created = int(time.time())
+
+    @property
+    def name(self) -> str:
+        return self.pod.name
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    async def start(self) -> SimServer:
+        await self.pod.start()
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            for task in list(self._conns):
+                task.cancel()
+            if self._conns:
+                await asyncio.gather(*self._conns, return_exceptions=True)
+            await server.wait_closed()
+        await self.pod.stop()
+
+    async def __aenter__(self) -> SimServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ HTTP/1.1
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            while True:
+                try:
+                    req = await self._read(reader, writer)
+                except HTTPError as exc:
+                    self._send_json(writer, exc.status, error_body(exc.status, exc.message), keep_alive=False)
+                    await writer.drain()
+                    break
+                if req is None:
+                    break
+                keep_alive = "close" not in req.headers.get("connection", "").lower()
+                try:
+                    await self._dispatch(req, writer, keep_alive)
+                except HTTPError as exc:
+                    self._send_json(writer, exc.status, error_body(exc.status, exc.message, exc.param), keep_alive)
+                await writer.drain()
+                if not keep_alive:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.CancelledError):
+            pass
+        finally:
+            self._conns.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
+        line = await reader.readline()
+        if not line:
+            return None
+        try:
+            method, target, _version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+        except ValueError:
+            raise HTTPError(400, "malformed request line") from None
+        headers: dict[str, str] = {}
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                return None
+            text = raw.decode("latin-1").rstrip("\r\n")
+            if not text:
+                break
+            key, _, value = text.partition(":")
+            k = key.strip().lower()
+            headers[k] = f"{headers[k]}, {value.strip()}" if k in headers else value.strip()
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            parts: list[bytes] = []
+            total = 0
+            while True:
+                size_line = (await reader.readline()).decode("latin-1").strip()
+                try:
+                    size = int(size_line.split(";", 1)[0], 16)
+                except ValueError:
+                    raise HTTPError(400, "bad chunk size") from None
+                if size == 0:
+                    while (await reader.readline()).strip():
+                        pass
+                    break
+                total += size
+                if total > _MAX_BODY:
+                    raise HTTPError(413, "body too large")
+                parts.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            body = b"".join(parts)
+        elif "content-length" in headers:
+            try:
+                length = int(headers["content-length"])
+            except ValueError:
+                raise HTTPError(400, "bad content-length") from None
+            if length > _MAX_BODY:
+                raise HTTPError(413, "body too large")
+            body = await reader.readexactly(length)
+        else:
+            body = b""
+        return _Request(method, target.split("?", 1)[0], headers, body)
+
+    def _head(self, status: int, content_type: str, keep_alive: bool, extra: str) -> bytes:
+        return (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\ncontent-type: {content_type}\r\n"
+            f"x-sim-pod: {self.pod.name}\r\nconnection: {'keep-alive' if keep_alive else 'close'}\r\n{extra}\r\n"
+        ).encode("latin-1")
+
+    def _send(
+        self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str, keep_alive: bool
+    ) -> None:
+        writer.write(self._head(status, content_type, keep_alive, f"content-length: {len(body)}\r\n") + body)
+
+    def _send_json(self, writer: asyncio.StreamWriter, status: int, obj: Any, keep_alive: bool) -> None:
+        self._send(writer, status, orjson.dumps(obj), "application/json", keep_alive)
+
+    # ------------------------------------------------------------------ routes
+
+    async def _dispatch(self, req: _Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+        path, method = req.path, req.method
+        post_routes = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/completions/render",
+                       "/v1/chat/completions/render")  # fmt: skip
+        get_routes = ("/v1/models", "/health", "/metrics", "/get_load", "/server_info", "/get_server_info",
+                      "/model_info", "/get_model_info")  # fmt: skip
+        if (path in post_routes and method != "POST") or (path in get_routes and method != "GET"):
+            raise HTTPError(405, "Method Not Allowed")
+        pod = self.pod
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            await self._completion(req, writer, keep_alive, chat=path == "/v1/chat/completions")
+        elif path == "/metrics":
+            self._send(writer, 200, pod.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
+        elif path == "/health":
+            self._send(writer, 200, b"", "text/plain", keep_alive)
+        elif path == "/v1/models":
+            data = [self._model_card(m, None if m == pod.model else pod.model) for m in pod.served_models]
+            self._send_json(writer, 200, {"object": "list", "data": data}, keep_alive)
+        elif path == "/tokenize":
+            payload = _json(req.body)
+            self._model(payload)
+            ids = self._prompt_ids(payload, chat="messages" in payload and "prompt" not in payload)
+            obj = {
+                "count": len(ids),
+                "max_model_len": pod.profile.max_model_len,
+                "tokens": list(ids),
+                "token_strs": None,
+            }
+            self._send_json(writer, 200, obj, keep_alive)
+        elif path in ("/v1/completions/render", "/v1/chat/completions/render"):
+            chat = path.startswith("/v1/chat")
+            payload = _json(req.body)
+            model, _lora = self._model(payload)
+            ids = self._prompt_ids(payload, chat=chat)
+            item = {"request_id": f"render-{pod.name}", "token_ids": list(ids), "sampling_params": {}, "model": model}
+            self._send_json(writer, 200, item if chat else [item], keep_alive)
+        elif path == "/get_load":
+            m = pod.engine.metrics()
+            load: Any
+            if self.load_format == "sglang":
+                tokens = round(m.kv_cache_usage_perc * pod.profile.kv_capacity_tokens)
+                load = [{"dp_rank": 0, "num_reqs": m.num_requests_running + m.num_requests_waiting,
+                         "num_waiting_reqs": m.num_requests_waiting, "num_tokens": tokens}]  # fmt: skip
+            else:
+                load = {"load": m.num_requests_running + m.num_requests_waiting}
+            self._send_json(writer, 200, load, keep_alive)
+        elif path in ("/server_info", "/get_server_info"):
+            p = pod.profile
+            info = {"model_path": f"sim/{pod.model}", "served_model_name": pod.model, "tp_size": 1, "dp_size": 1,
+                    "max_model_len": p.max_model_len, "max_running_requests": p.max_num_seqs,
+                    "max_total_num_tokens": p.kv_capacity_tokens, "page_size": p.block_size}  # fmt: skip
+            self._send_json(writer, 200, info, keep_alive)
+        elif path in ("/model_info", "/get_model_info"):
+            info = {"model_path": f"sim/{pod.model}", "tokenizer_path": f"sim/{pod.model}", "is_generation": True}
+            self._send_json(writer, 200, info, keep_alive)
+        else:
+            raise HTTPError(404, f"no route for {method} {path}")
+
+    def _model_card(self, model_id: str, parent: str | None) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self._created, "owned_by": "llm-epp-sim",
+                "root": model_id, "parent": parent, "max_model_len": self.pod.profile.max_model_len}  # fmt: skip
+
+    def _model(self, payload: dict[str, Any]) -> tuple[str, str | None]:
+        """(model name echoed back, LoRA adapter or None); 404 for a model this pod does not serve."""
+        model = payload.get("model")
+        pod = self.pod
+        if model is None or model == pod.model:
+            return pod.model, None
+        if isinstance(model, str) and model in pod.loras:
+            return model, model
+        raise HTTPError(404, f"The model `{model}` does not exist.", "model")
+
+    def _prompt_ids(self, payload: dict[str, Any], *, chat: bool) -> tuple[int, ...]:
+        if chat:
+            messages = payload.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise HTTPError(400, "'messages' must be a non-empty list of message objects", "messages")
+            ids = tokenizer.encode_chat(messages, bool(payload.get("add_generation_prompt", True)))
+        else:
+            prompt = payload.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = tokenizer.encode(prompt)
+            elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                ids = tuple(prompt)
+            elif prompt is None:
+                raise HTTPError(400, "'prompt' is required", "prompt")
+            else:
+                raise HTTPError(400, "'prompt' must be a string or a list of token ids", "prompt")
+        if not ids:
+            raise HTTPError(400, "The prompt cannot be empty", "prompt")
+        return ids
+
+    async def _completion(self, req: _Request, writer: asyncio.StreamWriter, keep_alive: bool, *, chat: bool) -> None:
+        pod = self.pod
+        payload = _json(req.body)
+        model, lora = self._model(payload)
+        ids = self._prompt_ids(payload, chat=chat)
+        raw_max = payload.get("max_completion_tokens") if chat else None
+        if raw_max is None:
+            raw_max = payload.get("max_tokens")
+        max_tokens = DEFAULT_MAX_TOKENS if raw_max is None else raw_max
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise HTTPError(400, "max_tokens must be an integer >= 1", "max_tokens")
+        limit = pod.profile.max_model_len
+        if len(ids) + max_tokens > limit:
+            raise HTTPError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "max_tokens" if len(ids) < limit else "prompt",
+            )
+        stream = bool(payload.get("stream"))
+        try:
+            live = pod.submit(ids, max_tokens, lora, stream=stream)
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
+        prefix = "chatcmpl" if chat else "cmpl"
+        base = {"id": f"{prefix}-{live.id}", "object": "", "created": int(time.time()), "model": model}
+        try:
+            if stream:
+                opts = payload.get("stream_options")
+                usage_chunk = isinstance(opts, dict) and bool(opts.get("include_usage"))
+                await self._stream(live, writer, keep_alive, base, chat, max_tokens, usage_chunk)
+            else:
+                ev = await live.queue.get()
+                usage = _usage(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens)
+                text = "".join(_token_text(i) for i in range(max_tokens))
+                choice: dict[str, Any]
+                if chat:
+                    base["object"] = "chat.completion"
+                    choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                              "logprobs": None, "finish_reason": "length", "stop_reason": None}  # fmt: skip
+                else:
+                    base["object"] = "text_completion"
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                              "stop_reason": None, "prompt_logprobs": None}  # fmt: skip
+                self._send_json(writer, 200, {**base, "choices": [choice], "usage": usage}, keep_alive)
+        except BaseException:
+            pod.abandon(live)
+            raise
+
+    async def _stream(
+        self,
+        live: LiveRequest,
+        writer: asyncio.StreamWriter,
+        keep_alive: bool,
+        base: dict[str, Any],
+        chat: bool,
+        max_tokens: int,
+        usage_chunk: bool,
+    ) -> None:
+        base["object"] = "chat.completion.chunk" if chat else "text_completion"
+        extra = "transfer-encoding: chunked\r\ncache-control: no-cache\r\n"
+        writer.write(self._head(200, "text/event-stream; charset=utf-8", keep_alive, extra))
+        queue = live.queue
+        dumps = orjson.dumps
+        while True:
+            ev = await queue.get()
+            if ev.kind is EventKind.FINISHED:
+                break
+            i = ev.token_index
+            finish = "length" if i == max_tokens - 1 else None
+            choice: dict[str, Any]
+            if chat:
+                if i == 0:
+                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}  # fmt: skip
+                    _chunk(writer, b"data: " + dumps({**base, "choices": [role]}) + b"\n\n")
+                choice = {"index": 0, "delta": {"content": _token_text(i)}, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": _token_text(i), "logprobs": None, "finish_reason": finish,
+                          "stop_reason": None}  # fmt: skip
+            _chunk(writer, b"data: " + dumps({**base, "choices": [choice]}) + b"\n\n")
+            if queue.empty():
+                await writer.drain()
+        if usage_chunk:
+            usage = _usage(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens)
+            _chunk(writer, b"data: " + dumps({**base, "choices": [], "usage": usage}) + b"\n\n")
+        _chunk(writer, b"data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+
+
+def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+def _usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, f"Invalid JSON body: {exc}") from None
+    if not isinstance(payload, dict):
+        raise HTTPError(400, "The request body must be a JSON object")
+    return payload
