@@ -26,12 +26,12 @@ import orjson
 
 from llm_epp.sim import tokenizer
 from llm_epp.sim.engine import EventKind
+from llm_epp.sim.http import BadHTTPRequest, HTTPRequest, read_request
 from llm_epp.sim.live import LivePod, LiveRequest
 
 __all__ = ["SimServer"]
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large"}
-_MAX_BODY = 64 * 1024 * 1024
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "BadRequestError"}
 DEFAULT_MAX_TOKENS = 16
 
@@ -42,16 +42,6 @@ class HTTPError(Exception):
         self.status = status
         self.message = message
         self.param = param
-
-
-class _Request:
-    __slots__ = ("body", "headers", "method", "path")
-
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        self.method = method
-        self.path = path
-        self.headers = headers
-        self.body = body
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -123,8 +113,8 @@ class SimServer:
         try:
             while True:
                 try:
-                    req = await self._read(reader, writer)
-                except HTTPError as exc:
+                    req = await read_request(reader, writer)
+                except BadHTTPRequest as exc:
                     self._send_json(writer, exc.status, error_body(exc.status, exc.message), keep_alive=False)
                     await writer.drain()
                     break
@@ -146,58 +136,6 @@ class SimServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
-        line = await reader.readline()
-        if not line:
-            return None
-        try:
-            method, target, _version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        except ValueError:
-            raise HTTPError(400, "malformed request line") from None
-        headers: dict[str, str] = {}
-        while True:
-            raw = await reader.readline()
-            if not raw:
-                return None
-            text = raw.decode("latin-1").rstrip("\r\n")
-            if not text:
-                break
-            key, _, value = text.partition(":")
-            k = key.strip().lower()
-            headers[k] = f"{headers[k]}, {value.strip()}" if k in headers else value.strip()
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            parts: list[bytes] = []
-            total = 0
-            while True:
-                size_line = (await reader.readline()).decode("latin-1").strip()
-                try:
-                    size = int(size_line.split(";", 1)[0], 16)
-                except ValueError:
-                    raise HTTPError(400, "bad chunk size") from None
-                if size == 0:
-                    while (await reader.readline()).strip():
-                        pass
-                    break
-                total += size
-                if total > _MAX_BODY:
-                    raise HTTPError(413, "body too large")
-                parts.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            body = b"".join(parts)
-        elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise HTTPError(400, "bad content-length") from None
-            if length > _MAX_BODY:
-                raise HTTPError(413, "body too large")
-            body = await reader.readexactly(length)
-        else:
-            body = b""
-        return _Request(method, target.split("?", 1)[0], headers, body)
-
     def _head(self, status: int, content_type: str, keep_alive: bool, extra: str) -> bytes:
         return (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\ncontent-type: {content_type}\r\n"
@@ -214,7 +152,7 @@ class SimServer:
 
     # ------------------------------------------------------------------ routes
 
-    async def _dispatch(self, req: _Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+    async def _dispatch(self, req: HTTPRequest, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
         path, method = req.path, req.method
         post_routes = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/completions/render",
                        "/v1/chat/completions/render")  # fmt: skip
@@ -308,7 +246,9 @@ class SimServer:
             raise HTTPError(400, "The prompt cannot be empty", "prompt")
         return ids
 
-    async def _completion(self, req: _Request, writer: asyncio.StreamWriter, keep_alive: bool, *, chat: bool) -> None:
+    async def _completion(
+        self, req: HTTPRequest, writer: asyncio.StreamWriter, keep_alive: bool, *, chat: bool
+    ) -> None:
         pod = self.pod
         payload = _json(req.body)
         model, lora = self._model(payload)

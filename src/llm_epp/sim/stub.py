@@ -35,15 +35,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from llm_epp.sim.http import BadHTTPRequest, read_request
+
 __all__ = ["Backend", "BackendPool", "RecordedRequest"]
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Too Large"}
 _NOT_SERVED = frozenset({"/metrics", "/health"})
-_MAX_BODY = 64 * 1024 * 1024
-
-
-class _BadRequest(Exception):
-    pass
 
 
 @dataclass
@@ -148,12 +145,13 @@ class Backend:
         try:
             while True:
                 try:
-                    request = await self._read_request(reader, writer)
-                except _BadRequest as exc:
-                    await self._send_json(writer, 400, {"error": str(exc)}, keep_alive=False)
+                    raw = await read_request(reader, writer)
+                except BadHTTPRequest as exc:
+                    await self._send_json(writer, exc.status, {"error": exc.message}, keep_alive=False)
                     break
-                if request is None:
+                if raw is None:
                     break
+                request = RecordedRequest(self.name, raw.method, raw.target, raw.headers, raw.body)
                 keep_alive = self._keep_alive(request)
                 self.requests.append(request)
                 await self._dispatch(request, writer, keep_alive)
@@ -170,63 +168,6 @@ class Backend:
     @staticmethod
     def _keep_alive(request: RecordedRequest) -> bool:
         return "close" not in request.headers.get("connection", "").lower()
-
-    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> RecordedRequest | None:
-        line = await reader.readline()
-        if not line:
-            return None
-        try:
-            method, target, _version = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        except ValueError:
-            raise _BadRequest("malformed request line") from None
-        headers: dict[str, str] = {}
-        while True:
-            raw = await reader.readline()
-            if not raw:
-                return None
-            text = raw.decode("latin-1").rstrip("\r\n")
-            if not text:
-                break
-            name, _, value = text.partition(":")
-            key = name.strip().lower()
-            value = value.strip()
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = await self._read_chunked(reader)
-        elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise _BadRequest("bad content-length") from None
-            if length > _MAX_BODY:
-                raise _BadRequest("body too large")
-            body = await reader.readexactly(length)
-        else:
-            body = b""
-        return RecordedRequest(self.name, method, target, headers, body)
-
-    @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_line = (await reader.readline()).decode("latin-1").strip()
-            try:
-                size = int(size_line.split(";", 1)[0], 16)
-            except ValueError:
-                raise _BadRequest("bad chunk size") from None
-            if size == 0:
-                while (await reader.readline()).strip():  # trailers, up to the blank line
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > _MAX_BODY:
-                raise _BadRequest("body too large")
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)  # CRLF after the chunk data
 
     def _head(self, status: int, content_type: str, extra: Iterable[tuple[str, str]], keep_alive: bool) -> bytes:
         lines = [
