@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     envoy_config.add_arguments(sub.add_parser("envoy-config", help="print an Envoy bootstrap for the EPP"))
     from llm_epp.sim import cli as sim_cli
 
-    sim_cli.add_arguments(sub.add_parser("sim", help="run simulated vLLM pods on loopback"))
+    sim_cli.add_arguments(sub.add_parser("sim", help="run simulated vLLM or SGLang pods on loopback"))
     cfg = sub.add_parser("config", help="work with EndpointPickerConfig files")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a config file and print the resolved profiles")

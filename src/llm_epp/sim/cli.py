@@ -1,4 +1,4 @@
-"""``llm-epp sim``: N live simulated vLLM pods in one process, on 127.0.0.1, until SIGINT/SIGTERM."""
+"""``llm-epp sim``: N live simulated vLLM or SGLang pods in one process, on 127.0.0.1, until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from llm_epp.sim.live import LivePod
+from llm_epp.sim.live import ENGINES, LivePod
 from llm_epp.sim.profiles import PROFILES, get_profile
 from llm_epp.sim.server import SimServer
 
@@ -20,29 +20,34 @@ __all__ = ["add_arguments", "endpoints_yaml", "run", "start_pods"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", type=int, default=1, help="number of simulated pods (default 1)")
-    parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="engine to imitate")
+    parser.add_argument("--engine", choices=ENGINES, default="vllm",
+                        help="model server to imitate on /metrics, /get_load, /server_info, /model_info")  # fmt: skip
     parser.add_argument("--profile", default="tiny", help=f"engine profile: {', '.join(sorted(PROFILES))}")
     parser.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per modelled second")
     parser.add_argument("--base-port", type=int, default=0, help="first port (pod i gets P+i); 0 = free ports")
     parser.add_argument("--model", default="sim-model", help="served model name")
     parser.add_argument("--lora", default="", help="comma-separated LoRA adapter names served by every pod")
     parser.add_argument("--endpoints-file", help="write the pods to this llm-epp endpoints file")
-    parser.add_argument("--get-load-format", choices=("vllm-router", "sglang"), default="vllm-router",
-                        help="shape of GET /get_load")  # fmt: skip
+    parser.add_argument("--get-load-format", choices=("vllm-router", "sglang"), default=None,
+                        help="shape of GET /get_load (default: the engine's; vllm-router for vllm)")  # fmt: skip
 
 
 def endpoints_yaml(servers: list[SimServer], engine: str = "vllm") -> str:
+    """An llm-epp endpoints file listing ``servers`` as endpoints of ``engine``."""
     doc = {"endpoints": [{"name": s.name, "address": s.host, "port": s.port, "engine": engine} for s in servers]}
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 async def start_pods(args: argparse.Namespace) -> list[SimServer]:
+    """Start ``args.pods`` pods with their HTTP servers; on failure stop the ones already started."""
     profile = get_profile(args.profile)
     loras = tuple(name for part in args.lora.split(",") if (name := part.strip()))
     servers: list[SimServer] = []
     try:
         for i in range(args.pods):
-            pod = LivePod(f"sim-{i}", profile, model=args.model, loras=loras, time_scale=args.time_scale)
+            pod = LivePod(
+                f"sim-{i}", profile, model=args.model, loras=loras, time_scale=args.time_scale, engine=args.engine
+            )
             port = args.base_port + i if args.base_port else 0
             servers.append(await SimServer(pod, port=port, load_format=args.get_load_format).start())
     except BaseException:
@@ -72,9 +77,6 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine != "vllm":
-        print("llm-epp sim: --engine sglang is not implemented yet (use vllm)", file=sys.stderr)
-        return 2
     if args.pods < 1 or args.time_scale <= 0 or not 0 <= args.base_port <= 65535:
         print("llm-epp sim: --pods must be >= 1, --time-scale > 0, --base-port 0-65535", file=sys.stderr)
         return 2

@@ -7,6 +7,9 @@ queues.  A late driver (busy loop) catches up by advancing over several steps at
 
 Requests whose client went away keep running in the engine (no abort is modelled); their events are
 dropped.
+
+``engine`` picks the server imitated on ``/metrics``: ``"vllm"`` (:mod:`llm_epp.sim.vllm_metrics`) or
+``"sglang"`` (:mod:`llm_epp.sim.sglang_metrics`); the engine model underneath is the same.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from dataclasses import dataclass, field
 
 from llm_epp.sim.engine import Engine, EventKind, RequestEvent, SimRequest
 from llm_epp.sim.profiles import Profile
+from llm_epp.sim.sglang_metrics import SGLangExporter, new_pod_metrics
 from llm_epp.sim.vllm_metrics import PodMetrics, render
 
-__all__ = ["LivePod", "LiveRequest"]
+__all__ = ["ENGINES", "LivePod", "LiveRequest"]
+
+ENGINES = ("vllm", "sglang")
+"""Model servers a live pod can imitate."""
 
 
 @dataclass(slots=True)
@@ -45,16 +52,22 @@ class LivePod:
         model: str = "sim-model",
         loras: tuple[str, ...] = (),
         time_scale: float = 1.0,
+        engine: str = "vllm",
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         self.name = name
+        self.engine_kind = engine
+        """The model server imitated (one of :data:`ENGINES`)."""
         self.profile = profile
         self.model = model
         self.loras = tuple(loras)
         self.time_scale = time_scale
         self.engine = Engine(profile, 0.0, token_events=True)
-        self.stats = PodMetrics()
+        self.stats = new_pod_metrics() if engine == "sglang" else PodMetrics()
+        self._sglang = SGLangExporter(model) if engine == "sglang" else None
         self._requests: dict[str, LiveRequest] = {}
         self._ids = itertools.count(1)
         self._t0 = 0.0
@@ -111,8 +124,13 @@ class LivePod:
         req.abandoned = True
 
     def metrics_text(self) -> str:
+        """The ``/metrics`` page of the imitated server, after advancing the engine to now."""
+        now = 0.0
         if self._loop is not None:
-            self._deliver(self.engine.advance(self.now()))
+            now = self.now()
+            self._deliver(self.engine.advance(now))
+        if self._sglang is not None:
+            return self._sglang.render(self.engine.metrics(), self.stats, now=now)
         return render(self.model, self.engine.metrics(), self.stats, lora_enabled=bool(self.loras))
 
     # ------------------------------------------------------------------ driver
@@ -145,7 +163,7 @@ class LivePod:
                 req.last_token = ev.time
             else:
                 stats.e2e.observe(ev.time - req.arrival)
-                stats.success["length"] += 1
+                stats.observe_finished(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 del self._requests[ev.request_id]
             if not req.abandoned and (req.stream or ev.kind is EventKind.FINISHED):
                 req.queue.put_nowait(ev)

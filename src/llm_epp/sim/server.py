@@ -1,4 +1,4 @@
-"""HTTP/1.1 front end of a live simulated vLLM pod (:class:`~llm_epp.sim.live.LivePod`).
+"""HTTP/1.1 front end of a live simulated vLLM or SGLang pod (:class:`~llm_epp.sim.live.LivePod`).
 
 Stdlib asyncio streams, keep-alive, request bodies with ``content-length`` or chunked.  Binds 127.0.0.1
 (port 0 = a free port).  Every response carries ``x-sim-pod: <name>``.  Routes (vLLM-compatible where
@@ -8,11 +8,13 @@ vLLM has them; the peer routers' extras as in the team's peers notes):
   ``prompt_tokens_details.cached_tokens``) or vLLM-style SSE when ``"stream": true``.  Output length is
   ``max_tokens`` (``max_completion_tokens`` for chat; default 16); the text is synthetic (`` t0 t1 ...``).
   ``model`` selects the base model or a LoRA adapter; unknown models answer 404.
-* ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`).
+* ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`, or
+  :mod:`llm_epp.sim.sglang_metrics` for a pod with ``engine="sglang"``).
 * ``POST /tokenize``, ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``.
 * ``GET /get_load`` (``{"load": N}`` as vllm-router reads it, or SGLang's per-rank list with
-  ``load_format="sglang"``), ``GET /server_info`` (alias ``/get_server_info``), ``GET /model_info``
-  (alias ``/get_model_info``).
+  ``load_format="sglang"``; the default for an SGLang pod), ``GET /server_info`` (alias
+  ``/get_server_info``), ``GET /model_info`` (alias ``/get_model_info``); an SGLang pod answers the last
+  two in SGLang's shape (server arguments + scheduler limits + ``internal_states``; model paths and kind).
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ def _token_text(index: int) -> str:
 class SimServer:
     """One HTTP server in front of one :class:`LivePod`."""
 
-    def __init__(
-        self, pod: LivePod, *, host: str = "127.0.0.1", port: int = 0, load_format: str = "vllm-router"
-    ) -> None:
+    def __init__(self, pod: LivePod, *, host: str = "127.0.0.1", port: int = 0, load_format: str | None = None) -> None:
+        """``load_format`` None: ``"sglang"`` for an SGLang pod, else ``"vllm-router"``."""
+        if load_format is None:
+            load_format = "sglang" if pod.engine_kind == "sglang" else "vllm-router"
         if load_format not in ("vllm-router", "sglang"):
             raise ValueError("load_format must be 'vllm-router' or 'sglang'")
         self.pod = pod
@@ -198,6 +201,13 @@ class SimServer:
             else:
                 load = {"load": m.num_requests_running + m.num_requests_waiting}
             self._send_json(writer, 200, load, keep_alive)
+        elif path in ("/server_info", "/get_server_info") and pod.engine_kind == "sglang":
+            self._send_json(writer, 200, self._sglang_server_info(), keep_alive)
+        elif path in ("/model_info", "/get_model_info") and pod.engine_kind == "sglang":
+            info = {"model_path": f"sim/{pod.model}", "tokenizer_path": f"sim/{pod.model}", "is_generation": True,
+                    "preferred_sampling_params": None, "weight_version": "default",
+                    "has_image_understanding": False, "has_audio_understanding": False}  # fmt: skip
+            self._send_json(writer, 200, info, keep_alive)
         elif path in ("/server_info", "/get_server_info"):
             p = pod.profile
             info = {"model_path": f"sim/{pod.model}", "served_model_name": pod.model, "tp_size": 1, "dp_size": 1,
@@ -209,6 +219,20 @@ class SimServer:
             self._send_json(writer, 200, info, keep_alive)
         else:
             raise HTTPError(404, f"no route for {method} {path}")
+
+    def _sglang_server_info(self) -> dict[str, Any]:
+        """``/get_server_info`` as SGLang shapes it: server arguments, scheduler limits, one rank's state."""
+        pod = self.pod
+        p = pod.profile
+        args = {"model_path": f"sim/{pod.model}", "tokenizer_path": f"sim/{pod.model}",
+                "served_model_name": pod.model, "host": self.host, "port": self.port,
+                "context_length": p.max_model_len, "tp_size": 1, "pp_size": 1, "dp_size": 1,
+                "max_running_requests": p.max_num_seqs, "max_total_tokens": p.kv_capacity_tokens,
+                "chunked_prefill_size": p.max_num_batched_tokens, "max_prefill_tokens": p.max_num_batched_tokens,
+                "page_size": p.block_size, "enable_metrics": True, "enable_lora": bool(pod.loras),
+                "max_loras_per_batch": p.max_loras, "lora_paths": list(pod.loras) or None}  # fmt: skip
+        limits = {"max_total_num_tokens": p.kv_capacity_tokens, "max_req_input_len": p.max_model_len - 1}
+        return {**args, **limits, "internal_states": [dict(limits)], "version": "llm-epp-sim"}
 
     def _model_card(self, model_id: str, parent: str | None) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self._created, "owned_by": "llm-epp-sim",

@@ -4,6 +4,9 @@ Names, types and histogram buckets follow vLLM V1 (``vllm/v1/metrics/loggers.py`
 with ``_total``; every series carries ``model_name`` and ``engine="0"`` except ``vllm:lora_requests_info``
 (labels ``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``; value = the current Unix time).
 Latency histograms are observed in *modelled* seconds (wall time divided by the pod's time scale).
+
+The engine-neutral pieces (:class:`Histogram`, :class:`PodMetrics`, :class:`Exposition`, :func:`escape_label`)
+are shared with :mod:`llm_epp.sim.sglang_metrics`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,16 @@ from collections.abc import Sequence
 
 from llm_epp.sim.engine import EngineMetrics
 
-__all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "TTFT_BUCKETS", "Histogram", "PodMetrics", "render"]
+__all__ = [
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "TTFT_BUCKETS",
+    "Exposition",
+    "Histogram",
+    "PodMetrics",
+    "escape_label",
+    "render",
+]
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -42,11 +54,13 @@ class Histogram:
         self.count = 0
 
     def observe(self, value: float) -> None:
+        """Count one observation."""
         self.counts[bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
 
     def lines(self, name: str, labels: str) -> list[str]:
+        """The ``_bucket`` (cumulative, ``le`` last), ``_count`` and ``_sum`` samples of family ``name``."""
         out: list[str] = []
         acc = 0
         bounds = [repr(float(b)) for b in self.buckets] + ["+Inf"]
@@ -59,33 +73,76 @@ class Histogram:
 
 
 class PodMetrics:
-    """What the live pod observes on top of the engine snapshot."""
+    """What the live pod observes on top of the engine snapshot (latency histograms, finished requests).
 
-    def __init__(self) -> None:
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
+    The bucket bounds default to vLLM's; another engine's exporter passes its own.
+    """
+
+    def __init__(
+        self,
+        ttft_buckets: Sequence[float] = TTFT_BUCKETS,
+        itl_buckets: Sequence[float] = ITL_BUCKETS,
+        e2e_buckets: Sequence[float] = E2E_BUCKETS,
+    ) -> None:
+        self.ttft = Histogram(ttft_buckets)
+        self.itl = Histogram(itl_buckets)
+        self.e2e = Histogram(e2e_buckets)
         self.success: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
+        self.prompt_tokens = 0
+        """Prompt tokens of finished requests."""
+        self.completion_tokens = 0
+        """Output tokens of finished requests."""
+        self.cached_tokens = 0
+        """Prompt tokens of finished requests that were served from the prefix cache."""
+
+    def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        """Count one request that finished normally (``finished_reason="length"``: output = ``max_tokens``)."""
+        self.success["length"] += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.cached_tokens += cached_tokens
+
+    @property
+    def finished(self) -> int:
+        """Requests finished so far, whatever the reason."""
+        return sum(self.success.values())
 
 
-def _esc(value: str) -> str:
+def escape_label(value: str) -> str:
+    """``value`` escaped for a label value of the text exposition format."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Exposition:
+    """Builds one text exposition (format 0.0.4): ``# HELP`` / ``# TYPE`` headers and samples, in call order."""
+
+    def __init__(self, labels: str) -> None:
+        self.labels = labels
+        """Rendered label pairs (``a="x",b="y"``) of :meth:`single` samples."""
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: list[str]) -> None:
+        """One metric family with ready-made sample lines."""
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        self.lines.extend(samples)
+
+    def single(self, name: str, kind: str, help_text: str, value: float) -> None:
+        """A family of one sample labelled :attr:`labels`; a counter's family and sample get ``_total``."""
+        sample = name + ("_total" if kind == "counter" else "")
+        self.family(sample if kind == "counter" else name, kind, help_text,
+                    [f"{sample}{{{self.labels}}} {float(value)!r}"])  # fmt: skip
+
+    def text(self) -> str:
+        """The exposition, newline-terminated."""
+        return "\n".join(self.lines) + "\n"
 
 
 def render(model: str, snap: EngineMetrics, pod: PodMetrics, *, lora_enabled: bool, now: float | None = None) -> str:
     """The text exposition (format 0.0.4) of one pod."""
-    base = f'engine="0",model_name="{_esc(model)}"'
-    out: list[str] = []
-
-    def family(name: str, kind: str, help_text: str, samples: list[str]) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(samples)
-
-    def single(name: str, kind: str, help_text: str, value: float) -> None:
-        sample = name + ("_total" if kind == "counter" else "")
-        family(name if kind != "counter" else sample, kind, help_text, [f"{sample}{{{base}}} {float(value)!r}"])
-
+    base = f'engine="0",model_name="{escape_label(model)}"'
+    out = Exposition(base)
+    family, single = out.family, out.single
     single("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
            snap.num_requests_running)  # fmt: skip
     single("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
@@ -113,10 +170,9 @@ def render(model: str, snap: EngineMetrics, pod: PodMetrics, *, lora_enabled: bo
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
            [f"vllm:cache_config_info{{{cache_labels}}} 1.0"])  # fmt: skip
     if lora_enabled:
-        lora_labels = (
-            f'max_lora="{snap.max_lora}",running_lora_adapters="{_esc(",".join(snap.running_lora_adapters))}",'
-            f'waiting_lora_adapters="{_esc(",".join(snap.waiting_lora_adapters))}"'
-        )
+        running = escape_label(",".join(snap.running_lora_adapters))
+        waiting = escape_label(",".join(snap.waiting_lora_adapters))
+        lora_labels = f'max_lora="{snap.max_lora}",running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"'
         stamp = time.time() if now is None else now
         family("vllm:lora_requests_info", "gauge", "Running stats on lora requests.",
                [f"vllm:lora_requests_info{{{lora_labels}}} {stamp!r}"])  # fmt: skip
@@ -126,4 +182,4 @@ def render(model: str, snap: EngineMetrics, pod: PodMetrics, *, lora_enabled: bo
            pod.itl.lines("vllm:inter_token_latency_seconds", base))  # fmt: skip
     family("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.",
            pod.e2e.lines("vllm:e2e_request_latency_seconds", base))  # fmt: skip
-    return "\n".join(out) + "\n"
+    return out.text()

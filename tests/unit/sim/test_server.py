@@ -201,9 +201,3 @@ async def test_cli_endpoints_file(tmp_path: Path) -> None:
     finally:
         for s in servers:
             await s.stop()
-
-
-def test_cli_rejects_sglang() -> None:
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    assert cli.run(parser.parse_args(["--engine", "sglang"])) == 2
