@@ -32,6 +32,7 @@ saturation detector comparing ``update_time`` with ``time.monotonic()``) see wal
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Coroutine, Sequence
@@ -397,6 +398,7 @@ class StageStats:
     preemptions: int
     mean_concurrency_per_pod: float
     """Sum of E2E over the stage window / (window x pods)."""
+    e2e_mean: float = math.nan
 
 
 @dataclass(slots=True)
@@ -442,6 +444,7 @@ def _stage_stats(
         itl_mean=_mean(itls),
         itl_p50=percentile(itls, 50),
         e2e_p50=percentile(e2es, 50),
+        e2e_mean=_mean(e2es),
         prefix_hit_rate=hits / queries if queries else 0.0,
         requests_per_pod=tuple(per_pod),
         preemptions=sum(r.preemptions for r in done),
@@ -500,6 +503,17 @@ class Cluster:
             if progress is not None:
                 progress(k, stats)
         return result
+
+    def run_trace(self, arrivals: Sequence[tuple[float, Prompt]], router: Router) -> list[RequestResult]:
+        """Plays requests arriving at the given offsets (seconds after the cluster's clock) until every one of
+        them has finished; results in completion order.  The lower-level sibling of :meth:`run`, for traces
+        that are not Poisson stages."""
+        if any(b[0] < a[0] for a, b in itertools.pairwise(arrivals)):
+            raise ValueError("arrivals must be sorted by time")
+        timed = [(self.clock + offset, prompt) for offset, prompt in arrivals]
+        next_scrape = self.clock if router.scrape_interval is not None else math.inf
+        results, _ = self._run_stage(0, timed, router, next_scrape)
+        return results
 
     def _run_stage(
         self, stage: int, arrivals: list[tuple[float, Prompt]], router: Router, next_scrape: float
