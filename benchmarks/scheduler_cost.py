@@ -316,11 +316,14 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer requests; finishes in under a minute")
+    p.add_argument("--smoke", action="store_true", help="two sizes, a handful of requests (seconds; for tests)")
     p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
-    warm, timed = (150, 200) if args.quick else (500, 2_000)
-    mem_total, mem_window = (30_000, 20_000) if args.quick else (1_000_000, 40_000)
+    warm, timed = (20, 30) if args.smoke else (150, 200) if args.quick else (500, 2_000)
+    mem_total, mem_window = (3_000, 2_000) if args.smoke else (30_000, 20_000) if args.quick else (1_000_000, 40_000)
+    endpoint_counts = (8, 64) if args.smoke else ENDPOINT_COUNTS
+    prompt_tokens = (1_000, 8_000) if args.smoke else PROMPT_TOKENS
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -345,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     started = time.perf_counter()
     try:
-        for n in ENDPOINT_COUNTS:
-            for tokens in PROMPT_TOKENS:
+        for n in endpoint_counts:
+            for tokens in prompt_tokens:
                 cell = measure_cell(n, tokens, warm, timed, args.seed)
                 out.append(cell.row())
                 progress(f"  {n} endpoints x {tokens // 1000}k tokens done ({time.perf_counter() - started:.0f} s)")
@@ -362,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 " --quick: 30k requests instead of 1M; the LRUs are full after ~10k requests and the size is flat "
                 "from then on, so the 1M figure is the same (flat by construction, not a linear extrapolation)."
                 if args.quick
+                else " --smoke: a few thousand requests; the LRUs do not fill, so the size is NOT the full one."
+                if args.smoke
                 else ""
             ),
             "",

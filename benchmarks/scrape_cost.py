@@ -176,6 +176,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one endpoint count, short runs (under a minute)")
+    p.add_argument("--smoke", action="store_true", help="five endpoints, one-second runs (for tests)")
     p.add_argument("--endpoints", default="10,50,100", help="comma list of endpoint counts (default 10,50,100)")
     p.add_argument("--intervals", default="0.05,0.2", help="comma list of poll intervals in seconds")
     p.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
@@ -186,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         _run(args.loop, lambda: _serve(args.serve))
         return 0
-    counts = [20] if args.quick else [int(x) for x in args.endpoints.split(",")]
+    counts = [5] if args.smoke else [20] if args.quick else [int(x) for x in args.endpoints.split(",")]
     intervals = [float(x) for x in args.intervals.split(",")]
-    duration, warmup = (4.0, 1.0) if args.quick else (args.duration, 2.0)
+    duration, warmup = (1.0, 0.3) if args.smoke else (4.0, 1.0) if args.quick else (args.duration, 2.0)
 
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.scrape_cost", "--serve", str(max(counts)), "--loop", args.loop],
@@ -199,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         assert child.stdout is not None
         ports: list[int] = json.loads(child.stdout.readline())
-        parse_cost = _micro(200 if args.quick else 1000)
-        fetch_cost = _run(args.loop, lambda: _fetch_cost(ports[0], 300 if args.quick else 2000))
+        short = args.quick or args.smoke
+        parse_cost = _micro(50 if args.smoke else 200 if short else 1000)
+        fetch_cost = _run(args.loop, lambda: _fetch_cost(ports[0], 50 if args.smoke else 300 if short else 2000))
         results: list[Result] = []
         for interval in intervals:
             for n in counts:

@@ -1,0 +1,435 @@
+"""Routing quality in virtual time: the llm-d anchor workload through every router, on 8 pods and at scale.
+
+The simulated cluster (``llm_epp.sim.cluster``) runs the real llm-epp scheduler, plugins, configuration and
+prefix index against simulated vLLM pods on one discrete-event clock; metrics are "scraped" every 50 ms of
+virtual time, as in production.  Every router gets the same seeded arrival trace and the same prompt order
+(inference-perf's fixed shuffle), on fresh pods.
+
+Workload (llm-d v0.5 inference-scheduling guide): shared_prefix, 150 groups x 5 prompts, system prompt 6000 +
+question 1200 tokens -> 1000 output tokens (ignore_eos); inference-perf's stage protocol (each stage sends
+rate x duration Poisson arrivals, the next starts when all have finished; req/s = N / (last end - first
+start)); warm-up 15 QPS x 50 s, then 3 -> 60 QPS.  Pods: profile ``qwen3-32b-h100-tp2`` (see
+``benchmarks/README.md`` for its constants and their calibration).  At 32 and 128 pods the groups and
+every rate are scaled by pods / 8 (the same load per pod, the same share of KV held by the prefixes), over
+a shorter ladder of stages.
+
+Routers:
+
+* ``round-robin`` (the anchor's "Kubernetes Service" baseline), ``random``;
+* ``least-queue``: fewest requests in flight (the router's own count, as Envoy's least-request);
+* ``llm-epp default``: the default configuration, which is the reference EPP's default algorithm
+  (queue 2 / kv-cache 2 / prefix 3 on 50 ms-old scraped metrics, max-score picker);
+* ``llm-epp best``: :data:`BEST_CONFIG` (see its docstring for why);
+* ``locality-bound``: every request of a prefix group to one fixed pod (perfect reuse, no load
+  awareness): the upper bound on prefix reuse, not a usable router.
+
+    python -m benchmarks.quality                  # 8 pods full ladder, then 32 and 128 pods (see --help)
+    python -m benchmarks.quality --pods 8         # only the anchor size
+    python -m benchmarks.quality --smoke          # seconds: tiny profile, tiny workload (for the test suite)
+    [--routers a,b] [--seed 42] [--jobs 2] [--output DIR] [--best-config FILE]
+
+Writes ``quality.md``, ``quality.json`` and PNG plots (TTFT p90 vs QPS, throughput vs QPS per pod count) to
+``--output`` (default ``benchmarks/results``).  Ctrl-C stops the runs and writes what has finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.scheduler_cost import machine
+from llm_epp.sim.cluster import Cluster, StageStats, make_router
+from llm_epp.sim.profiles import Profile, get_profile
+from llm_epp.sim.workload import SharedPrefixWorkload, Stage
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SLO_TTFT_P90 = 2.0
+"""The headline's service level: a stage "holds" when its TTFT p90 is at most this many seconds."""
+
+BEST_CONFIG = """\
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: active-request-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: active-request-scorer, weight: 2}
+"""
+"""The best llm-epp configuration found for this workload (``benchmarks/README.md`` has the search): the
+reference default plus ``active-request-scorer``, which counts the requests the EPP itself has sent and not
+yet seen finish.  Scraped metrics are up to 50 ms old; during a burst several requests of one prefix group
+arrive within that window, all see the same "empty" queue on the pod holding their prefix, and the default
+piles them onto it.  The in-flight count is exact at every decision, so the pile-up stops at once."""
+
+ROUTERS: dict[str, tuple[str, str | None]] = {
+    "round-robin": ("round-robin", None),
+    "random": ("random", None),
+    "least-queue": ("least-queue", None),
+    "llm-epp default": ("llm-epp", None),
+    "llm-epp best": ("llm-epp", BEST_CONFIG),
+    "locality-bound": ("locality-bound", None),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One cluster size: the workload and stage ladder every router is run through."""
+
+    pods: int
+    profile: str
+    num_groups: int
+    prompts_per_group: int
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+    stages: tuple[Stage, ...]
+    warmup_stages: int = 1
+    """Leading stages that only warm the cluster (reported, but not in the headline)."""
+    compare_rate: float = 0.0
+    """The stage rate whose figures are set beside the published anchor (0: the last stage)."""
+
+
+ANCHOR_LADDER = (
+    (3, 20), (10, 20), (15, 20), (20, 38), (22, 34), (25, 30), (30, 25), (35, 21),
+    (40, 38), (43, 36), (46, 33), (49, 30), (52, 29), (55, 27), (57, 26), (60, 25),
+)  # fmt: skip
+SCALE_LADDER = ((10, 20), (20, 38), (30, 25), (40, 38), (49, 30), (60, 25))
+
+
+def anchor_scenario(pods: int = 8, ladder: Sequence[tuple[float, float]] = ANCHOR_LADDER) -> Scenario:
+    """The anchor's workload on ``pods`` pods: groups and rates scaled by ``pods / 8``."""
+    k = pods / 8
+    stages = (Stage(15 * k, 50), *(Stage(rate * k, seconds) for rate, seconds in ladder))
+    return Scenario(pods, "qwen3-32b-h100-tp2", round(150 * k), 5, 6000, 1200, 1000, stages, 1, 60 * k)
+
+
+def smoke_scenario(pods: int) -> Scenario:
+    stages = (Stage(5 * pods / 4, 2), Stage(10 * pods / 4, 2), Stage(40 * pods / 4, 2))
+    return Scenario(pods, "tiny", 2 * pods, 4, 160, 40, 16, stages, 1)
+
+
+@dataclass
+class RouterRun:
+    label: str
+    pods: int
+    seed: int
+    stages: list[StageStats] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    error: str | None = None
+
+
+def run_one(label: str, scenario: Scenario, seed: int, best_config: str | None) -> RouterRun:
+    """Plays ``scenario`` through the router called ``label`` on fresh pods (runs in a worker process)."""
+    kind, config = ROUTERS[label]
+    if label == "llm-epp best" and best_config is not None:
+        config = best_config
+    started = time.perf_counter()
+    run = RouterRun(label, scenario.pods, seed)
+    workload = SharedPrefixWorkload(
+        num_groups=scenario.num_groups,
+        prompts_per_group=scenario.prompts_per_group,
+        system_prompt_len=scenario.system_prompt_len,
+        question_len=scenario.question_len,
+        output_len=scenario.output_len,
+        seed=seed,
+    )
+    cluster = Cluster(get_profile(scenario.profile), scenario.pods)
+    router = make_router(kind, scenario.pods, seed=seed, config_text=config)
+    total = len(scenario.stages)
+
+    def progress(k: int, s: StageStats) -> None:
+        run.stages.append(s)
+        print(
+            f"  [{scenario.pods} pods] {label}: stage {k + 1}/{total} ({s.rate:g} QPS x {s.duration:g} s) "
+            f"{s.req_per_s:.2f} req/s, TTFT p90 {s.ttft_p90:.2f} s, hit {s.prefix_hit_rate:.2f} "
+            f"({time.perf_counter() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        cluster.run(workload, scenario.stages, router, seed=seed, progress=progress)
+    except KeyboardInterrupt:
+        run.error = "interrupted"
+    run.wall_seconds = time.perf_counter() - started
+    return run
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def max_qps_at_slo(stages: Sequence[StageStats], skip: int, slo: float = SLO_TTFT_P90) -> float:
+    """The highest stage rate up to which every measured stage kept TTFT p90 <= ``slo`` (0: none did)."""
+    best = 0.0
+    for s in sorted(stages[skip:], key=lambda s: s.rate):
+        if s.failures or not s.ttft_p90 <= slo:
+            break
+        best = s.rate
+    return best
+
+
+def _fmt(v: float, digits: int = 2) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def stage_row(label: str, s: StageStats, warmup: bool) -> str:
+    n_done = s.requests - s.failures
+    per_pod = s.requests_per_pod
+    return (
+        f"| {label} | {s.rate:g}{' (warm-up)' if warmup else ''} | {s.requests} | {_fmt(s.req_per_s)} | "
+        f"{_fmt(s.output_tokens_per_s, 0)} | {_fmt(s.ttft_p50)} | {_fmt(s.ttft_p90)} | {_fmt(s.ttft_p99)} | "
+        f"{_fmt(s.itl_p50 * 1000, 1)} | {_fmt(s.e2e_p50, 1)} | {s.prefix_hit_rate:.3f} | "
+        f"{min(per_pod)}-{max(per_pod)} | {s.preemptions / max(n_done, 1):.2f} | {s.failures} |"
+    )
+
+
+STAGE_HEADER = [
+    "| router | QPS | n | req/s | out tok/s | TTFT p50 s | p90 | p99 | ITL p50 ms | E2E p50 s | prefix hit "
+    "| req/pod | preempt/req | fail |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+]
+
+
+def _compare_stage(run: RouterRun, scenario: Scenario) -> StageStats | None:
+    if not run.stages:
+        return None
+    if scenario.compare_rate:
+        for s in run.stages[scenario.warmup_stages :]:
+            if math.isclose(s.rate, scenario.compare_rate):
+                return s
+        return None
+    return run.stages[-1]
+
+
+def headline(runs: Sequence[RouterRun], scenario: Scenario) -> list[str]:
+    base = next((r for r in runs if r.label == "round-robin"), None)
+    base_stage = _compare_stage(base, scenario) if base else None
+    rate = _fmt(scenario.compare_rate or (scenario.stages[-1].rate), 0)
+    out = [
+        f"| router | max QPS with TTFT p90 ≤ {SLO_TTFT_P90:g} s | req/s at {rate} QPS | vs round-robin | "
+        f"TTFT mean at {rate} QPS (s) | vs round-robin | ITL mean (ms) | prefix hit | preempt/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        s = _compare_stage(r, scenario)
+        qps = max_qps_at_slo(r.stages, scenario.warmup_stages)
+        if s is None:
+            out.append(f"| {r.label} | {_fmt(qps, 0)} | - | - | - | - | - | - | - |")
+            continue
+        d_rps = d_ttft = "-"
+        if base_stage is not None:
+            d_rps = f"{s.req_per_s / base_stage.req_per_s - 1:+.1%}"
+            d_ttft = f"{s.ttft_mean / base_stage.ttft_mean - 1:+.1%}"
+        done = max(s.requests - s.failures, 1)
+        out.append(
+            f"| {r.label} | {_fmt(qps, 0)} | {_fmt(s.req_per_s)} | {d_rps} | {_fmt(s.ttft_mean)} | {d_ttft} | "
+            f"{_fmt(s.itl_mean * 1000, 1)} | {s.prefix_hit_rate:.3f} | {s.preemptions / done:.2f} |"
+        )
+    return out
+
+
+def plot(runs: Sequence[RouterRun], scenario: Scenario, out_dir: Path, suffix: str) -> list[str]:
+    """TTFT p90 vs QPS and output tokens/s vs QPS, one line per router; returns the files written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots", file=sys.stderr)
+        return []
+    written = []
+    for name, key, ylabel, log in (
+        ("ttft", "ttft_p90", "TTFT p90 (s)", True),
+        ("throughput", "output_tokens_per_s", "output tokens/s", False),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in runs:
+            stages = r.stages[scenario.warmup_stages :]
+            if not stages:
+                continue
+            ax.plot([s.rate for s in stages], [getattr(s, key) for s in stages], marker="o", ms=3, label=r.label)
+        if log:
+            ax.set_yscale("log")
+            ax.axhline(SLO_TTFT_P90, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("offered load (QPS, stage rate)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{scenario.pods} simulated pods ({scenario.profile}), shared prefix")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"quality_{name}{suffix}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def report(
+    scenarios: Sequence[Scenario],
+    results: dict[int, list[RouterRun]],
+    args: argparse.Namespace,
+    command: str,
+    out_dir: Path,
+    interrupted: bool,
+) -> str:
+    lines = [
+        "## Routing quality in virtual time",
+        "",
+        f"`{command}`; seed {args.seed}; {machine()}",
+        "",
+        "Same seeded arrival trace and prompt order for every router, fresh pods for each. Stage protocol of "
+        "inference-perf (the next stage starts when the previous one has drained; req/s = N / (last end - first "
+        "start)). `prefix hit` = the pods' prefix_cache_hits / prefix_cache_queries over the stage; `req/pod` = "
+        "fewest-most requests per pod; `preempt/req` = preemptions (recompute) per finished request.",
+    ]
+    if interrupted:
+        lines += ["", "**Interrupted: partial results.**"]
+    for sc in scenarios:
+        runs = results.get(sc.pods, [])
+        profile: Profile = get_profile(sc.profile)
+        lines += [
+            "",
+            f"### {sc.pods} pods",
+            "",
+            f"Profile `{profile.name}` ({profile.kv_capacity_tokens:,} KV tokens per pod). Workload: shared_prefix "
+            f"{sc.num_groups} groups x {sc.prompts_per_group} prompts, system {sc.system_prompt_len} + question "
+            f"{sc.question_len} → {sc.output_len} tokens. Stages (QPS x s): "
+            + ", ".join(f"{s.rate:g}x{s.duration:g}" for s in sc.stages)
+            + f" (the first {sc.warmup_stages} a warm-up).",
+            "",
+            *headline(runs, sc),
+            "",
+        ]
+        suffix = "" if sc.pods == 8 and sc.profile != "tiny" else f"_{sc.pods}"
+        pngs = plot(runs, sc, out_dir, suffix) if runs else []
+        lines += [f"![{p}]({p})" for p in pngs]
+        lines += ["", *STAGE_HEADER]
+        for r in runs:
+            lines += [stage_row(r.label, s, k < sc.warmup_stages) for k, s in enumerate(r.stages)]
+        lines += ["", "Wall time per router: " + ", ".join(f"{r.label} {r.wall_seconds:.0f} s" for r in runs) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(scenarios: Sequence[Scenario], results: dict[int, list[RouterRun]], seed: int) -> dict[str, Any]:
+    return {
+        "seed": seed,
+        "slo_ttft_p90_s": SLO_TTFT_P90,
+        "scenarios": [
+            {
+                **{k: v for k, v in asdict(sc).items() if k != "stages"},
+                "stages": [asdict(s) for s in sc.stages],
+                "routers": [
+                    {
+                        "router": r.label,
+                        "max_qps_at_slo": max_qps_at_slo(r.stages, sc.warmup_stages),
+                        "wall_seconds": r.wall_seconds,
+                        "error": r.error,
+                        "stages": [asdict(s) for s in r.stages],
+                    }
+                    for r in results.get(sc.pods, [])
+                ],
+            }
+            for sc in scenarios
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pods", default="8,32,128", help="cluster sizes, comma-separated (default 8,32,128)")
+    p.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated, of: {', '.join(ROUTERS)}")
+    p.add_argument(
+        "--scale-routers",
+        default="round-robin,llm-epp default,llm-epp best,locality-bound",
+        help="routers run at sizes other than 8 pods (default: round-robin, both llm-epp, locality-bound)",
+    )
+    p.add_argument("--smoke", action="store_true", help="tiny profile and workload, 4 and 8 pods (seconds)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
+    p.add_argument("--best-config", help="EndpointPickerConfig file for the 'llm-epp best' router")
+    p.add_argument("--output", default=str(RESULTS), help="directory for quality.md/.json/.png")
+    args = p.parse_args(argv)
+    raw_args = argv if argv is not None else sys.argv[1:]
+    command = "python -m benchmarks.quality" + ("".join(f" {a}" for a in raw_args))
+
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    scale_routers = [r.strip() for r in args.scale_routers.split(",") if r.strip()]
+    for name in (*routers, *scale_routers):
+        if name not in ROUTERS:
+            p.error(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
+    best_config = Path(args.best_config).read_text() if args.best_config else None
+    if args.smoke:
+        scenarios = [smoke_scenario(4), smoke_scenario(8)]
+        scale_routers = routers
+    else:
+        sizes = [int(x) for x in args.pods.split(",") if x.strip()]
+        scenarios = [anchor_scenario(n) if n == 8 else anchor_scenario(n, SCALE_LADDER) for n in sizes]
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    print(f"{command}\nseed {args.seed}; jobs {args.jobs}; {machine()}", file=sys.stderr)
+    for sc in scenarios:
+        names = routers if sc.pods == 8 or args.smoke else scale_routers
+        print(f"  {sc.pods} pods ({sc.profile}): routers {', '.join(names)}; {sc}", file=sys.stderr)
+    jobs: list[tuple[str, Scenario]] = []
+    for sc in scenarios:
+        names = routers if sc.pods == 8 or args.smoke else scale_routers
+        jobs += [(name, sc) for name in names]
+
+    results: dict[int, list[RouterRun]] = {}
+    interrupted = False
+    started = time.perf_counter()
+    pool = ProcessPoolExecutor(max_workers=max(args.jobs, 1))
+    futures: dict[Future[RouterRun], tuple[str, Scenario]] = {}
+    try:
+        futures = {pool.submit(run_one, name, sc, args.seed, best_config): (name, sc) for name, sc in jobs}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                run = f.result()
+                results.setdefault(run.pods, []).append(run)
+                if run.error:
+                    interrupted = True
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: writing the runs that finished", file=sys.stderr)
+        for f in futures:
+            f.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+    else:
+        pool.shutdown()
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    for runs in results.values():
+        runs.sort(key=lambda r: order[r.label])
+
+    text = report(scenarios, results, args, command, out_dir, interrupted)
+    text += f"\nTook {time.perf_counter() - started:.0f} s.\n"
+    (out_dir / "quality.md").write_text(text)
+    (out_dir / "quality.json").write_text(json.dumps(to_json(scenarios, results, args.seed), indent=1) + "\n")
+    print(text)
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""`make bench-smoke` for the in-process benchmarks: each runs at a tiny size and writes well-formed results.
+
+These check that the benchmarks run and that their reports have the shape readers rely on, never the
+numbers themselves (those belong to the benchmarks, not to tests).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.quality import ROUTERS, smoke_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _table_rows(text: str, first_cell: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            rows.append(cells)
+    return rows
+
+
+def test_quality_smoke_writes_a_row_per_router_and_stage_and_plots(tmp_path: Path) -> None:
+    out = _run("benchmarks.quality", "--smoke", "--output", str(tmp_path), "--seed", "7")
+    assert "seed 7" in out.stderr
+
+    data = json.loads((tmp_path / "quality.json").read_text())
+    assert data["seed"] == 7
+    assert [s["pods"] for s in data["scenarios"]] == [4, 8]
+    for scenario in data["scenarios"]:
+        expected = [round(s["rate"] * s["duration"]) for s in scenario["stages"]]
+        assert expected == [s.num_requests for s in smoke_scenario(scenario["pods"]).stages]
+        assert [r["router"] for r in scenario["routers"]] == list(ROUTERS)
+        for router in scenario["routers"]:
+            assert router["error"] is None
+            assert [s["requests"] for s in router["stages"]] == expected
+            for stage in router["stages"]:
+                assert stage["failures"] == 0
+                assert stage["req_per_s"] > 0
+                assert 0.0 <= stage["prefix_hit_rate"] <= 1.0
+                assert sum(stage["requests_per_pod"]) == stage["requests"]
+                assert len(stage["requests_per_pod"]) == scenario["pods"]
+                assert stage["ttft_p50"] <= stage["ttft_p90"] <= stage["ttft_p99"]
+
+    report = (tmp_path / "quality.md").read_text()
+    assert "### 4 pods" in report and "### 8 pods" in report
+    for label in ROUTERS:
+        # headline row (max QPS at the SLO) for both sizes, then one row per stage for both sizes
+        assert len(_table_rows(report, label)) == 2 + 2 * len(smoke_scenario(4).stages), label
+    for name in ("quality_ttft_4.png", "quality_throughput_4.png", "quality_ttft_8.png", "quality_throughput_8.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+        assert f"]({name})" in report
+
+
+def test_scale_smoke_writes_scheduler_and_scrape_cost_tables(tmp_path: Path) -> None:
+    _run("benchmarks.scale", "--smoke", "--seed", "3", "--output", str(tmp_path))
+    scheduler = (tmp_path / "scheduler_cost.md").read_text()
+    assert "seed 3" in scheduler
+    cells = [row for row in scheduler.splitlines() if re.match(r"^\| (8|64) \| (1k|8k) \|", row)]
+    assert len(cells) == 4
+    for row in cells:
+        numbers = [c.strip().replace(",", "") for c in row.strip("|").split("|")]
+        assert all(re.fullmatch(r"[\d.]+k?", n) for n in numbers), row
+    scrape = (tmp_path / "scrape_cost.md").read_text()
+    rows = [r for r in scrape.splitlines() if re.match(r"^\| (50|200) ms \| 5 \|", r)]
+    assert len(rows) == 2
+    assert all(r.split("|")[4].strip() == "0" for r in rows), "scrape failures in the smoke run"
+
+
+def test_calibrate_quick_compares_round_robin_with_the_published_baseline(tmp_path: Path) -> None:
+    report_file = tmp_path / "calibration.md"
+    _run("benchmarks.calibrate", "--quick", "--output", str(report_file), timeout=180)
+    report = report_file.read_text()
+    assert re.search(r"Calibration (PASSES|FAILS)", report)
+    for figure in ("req/s", "TTFT mean (s)", "ITL mean (ms)"):
+        assert len(_table_rows(report, figure)) == 2, figure  # round-robin, then llm-epp's prediction
+    assert "Predicted headline" in report
