@@ -110,11 +110,16 @@ class LoadedConfig:
 
 class _LoaderHandle:
     def __init__(
-        self, plugins: dict[str, Plugin], endpoints: Callable[[], Sequence[Endpoint]], recorder: Recorder
+        self,
+        plugins: dict[str, Plugin],
+        endpoints: Callable[[], Sequence[Endpoint]],
+        recorder: Recorder,
+        clock: Callable[[], float],
     ) -> None:
         self._plugins = plugins
         self._endpoints = endpoints
         self._recorder = recorder
+        self._clock = clock
 
     @property
     def recorder(self) -> Recorder:
@@ -127,7 +132,7 @@ class _LoaderHandle:
         return self._endpoints()
 
     def now(self) -> float:
-        return time.monotonic()
+        return self._clock()
 
 
 def _loc(loc: Sequence[int | str]) -> str:
@@ -234,7 +239,12 @@ def load_config_text(
     recorder: Recorder,
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
     source: str = "--config-text",
+    clock: Callable[[], float] = time.monotonic,
 ) -> LoadedConfig:
+    """Parses and builds an EndpointPickerConfig (``None`` or blank: the default configuration).
+
+    ``clock`` is what plugins get from ``handle.now()`` (monotonic seconds, the time base of
+    ``Metrics.update_time``); a simulator passes its virtual clock."""
     if text is None or not text.strip():
         text, source = DEFAULT_CONFIG, "the default configuration"
     try:
@@ -244,14 +254,14 @@ def load_config_text(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
     if raw is None:  # only comments
-        return load_config_text(None, registry, recorder, endpoints)
+        return load_config_text(None, registry, recorder, endpoints, clock=clock)
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
     try:
         spec = EndpointPickerConfigSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(source, _schema_problems(err)) from None
-    return _build(spec, registry, recorder, endpoints, source)
+    return _build(spec, registry, recorder, endpoints, source, clock)
 
 
 def _build(
@@ -260,6 +270,7 @@ def _build(
     recorder: Recorder,
     endpoints: Callable[[], Sequence[Endpoint]],
     source: str,
+    clock: Callable[[], float],
 ) -> LoadedConfig:
     problems: list[str] = []
     for i, gate in enumerate(spec.feature_gates):
@@ -269,7 +280,7 @@ def _build(
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
-    handle = _LoaderHandle(plugins, endpoints, recorder)
+    handle = _LoaderHandle(plugins, endpoints, recorder, clock)
     seen_names: set[str] = set()
     for i, ps in enumerate(spec.plugins):
         name = ps.name or ps.type

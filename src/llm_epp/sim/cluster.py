@@ -26,8 +26,8 @@ Routers (:func:`make_router`):
   router's seed (runs are reproducible).  Endpoints carry the pods' metrics "scraped" every ``scrape_interval``
   (50 ms of virtual time by default) with ``update_time`` = the scrape's virtual time.
 
-Caveat for ``llm-epp``: plugins that read the wall clock themselves (the prefix index's housekeeping, a
-saturation detector comparing ``update_time`` with ``time.monotonic()``) see wall time, not virtual time.
+Plugins get the virtual clock through ``handle.now()`` (the saturation detectors compare it with
+``update_time``), so staleness is judged in virtual time.
 """
 
 from __future__ import annotations
@@ -218,11 +218,16 @@ class EppRouter(Router):
             Endpoint(m, Metrics(), load) for m, load in zip(self._meta, self._loads, strict=True)
         ]
         self._pod_of = {m.key: i for i, m in enumerate(self._meta)}
-        self.loaded = load_config_text(config_text, builtin_registry(), NullRecorder(), lambda: self.endpoints)
+        self.now = 0.0
+        """The virtual time of the latest scrape or pick: the clock the plugins see (``handle.now()``)."""
+        self.loaded = load_config_text(
+            config_text, builtin_registry(), NullRecorder(), lambda: self.endpoints, clock=lambda: self.now
+        )
         _seed_random_generators(self.loaded, seed)
         self._pending: dict[str, _Pending] = {}
 
     def on_scrape(self, metrics: Sequence[EngineMetrics], now: float) -> None:
+        self.now = max(self.now, now)
         stamp = now if now > 0 else 1e-9  # update_time 0 means "never scraped"
         self.endpoints = [
             Endpoint(
@@ -244,6 +249,7 @@ class EppRouter(Router):
         ]
 
     def pick(self, request: RoutedRequest, now: float) -> int:
+        self.now = max(self.now, now)
         prompt = request.prompt
         payload = {"model": self._model, "prompt": prompt.text, "max_tokens": prompt.max_tokens}
         size = len(prompt.text) + 64  # the JSON around the prompt, roughly
@@ -282,6 +288,7 @@ class EppRouter(Router):
         return self._pod_of[endpoint.key]
 
     def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
+        self.now = max(self.now, now)
         pending = self._pending.pop(request.id)
         load = pending.endpoint.load
         load.requests = max(load.requests - 1, 0)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from llm_epp.sim.cluster import ROUTERS, Cluster, RunResult, make_router
+from llm_epp.plugins.scheduling.utilization_detector import UtilizationDetector
+from llm_epp.sim.cluster import ROUTERS, Cluster, EppRouter, RoutedRequest, RunResult, make_router
 from llm_epp.sim.profiles import TINY
 from llm_epp.sim.tokenizer import encode
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage, poisson_offsets
 
 PODS = 4
 OUTPUT = 12
+SMALL = {"num_groups": 2, "prompts_per_group": 2, "system_prompt_len": 64, "question_len": 16, "output_len": 4}
 
 
 def _workload(seed: int = 7) -> SharedPrefixWorkload:
@@ -97,3 +99,37 @@ def test_llm_epp_default_config_has_more_prefix_hits_than_round_robin() -> None:
 def test_unknown_router_is_rejected() -> None:
     with pytest.raises(KeyError, match="round-robin"):
         make_router("nope", 2)
+
+
+def test_llm_epp_plugins_judge_staleness_on_the_virtual_clock() -> None:
+    config = """
+plugins:
+- type: utilization-detector
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+"""
+    router = make_router("llm-epp", 2, config_text=config)
+    assert isinstance(router, EppRouter)
+    detector = router.loaded.plugins["utilization-detector"]
+    assert isinstance(detector, UtilizationDetector)
+    idle = Cluster(TINY, 2).metrics()
+    far_future = 1.0e7  # virtual seconds, nowhere near this machine's monotonic clock
+    router.on_scrape(idle, far_future)
+    assert detector.saturation(router.endpoints) == 0.0  # fresh and idle on the virtual clock
+    router.pick(RoutedRequest("r1", SharedPrefixWorkload(**SMALL).next_prompt()), far_future + 1.0)
+    assert detector.saturation(router.endpoints) == 1.0  # a virtual second later the scrape is stale
+
+
+def test_run_trace_plays_requests_at_the_given_times() -> None:
+    workload = SharedPrefixWorkload(**SMALL)
+    trace = [(0.0, workload.next_prompt()), (0.5, workload.next_prompt()), (0.5, workload.next_prompt())]
+    results = Cluster(TINY, 2).run_trace(trace, make_router("round-robin", 2))
+    by_id = {r.id: r for r in results}
+    assert [by_id[f"req-{k}"].arrival for k in (1, 2, 3)] == [0.0, 0.5, 0.5]
+    assert [by_id[f"req-{k}"].pod for k in (1, 2, 3)] == [0, 1, 0]
+    assert all(r.finish > r.first_token > r.arrival for r in results)
+    with pytest.raises(ValueError, match="sorted"):
+        Cluster(TINY, 2).run_trace(trace[::-1], make_router("round-robin", 2))
