@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-overhead proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,8 +34,25 @@ demo: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
-bench-overhead: $(STAMP)
+# Benchmarks (benchmarks/README.md). Each prints its seed and configuration, shows progress, and writes
+# partial results on Ctrl-C. Durations are for an idle 2-core machine.
+bench-smoke: $(STAMP)  # every benchmark at a tiny size, checked for well-formed output (< 3 min; also in `make test`)
+	$(BIN)/pytest -q tests/benchmarks
+
+bench-quality: $(STAMP)  # routing quality in virtual time: 8 pods x 6 routers, then 32 and 128 pods (~30 min)
+	$(BIN)/python -m benchmarks.quality
+
+bench-calibrate: $(STAMP)  # round-robin vs the published baseline, and the +-30% sensitivity table (~15 min)
+	$(BIN)/python -m benchmarks.calibrate --sensitivity --output benchmarks/results/calibration.md
+
+bench-live: $(STAMP)  # real Envoy + simulated pods: round robin, llm-epp, sglang-router, vllm-router (~12 min)
+	$(BIN)/python -m benchmarks.live
+
+bench-overhead: $(STAMP)  # added latency and EPP CPU vs Envoy round robin and sglang-router (~10 min)
 	$(BIN)/python -m benchmarks.overhead
+
+bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scrape cost (~10 min)
+	$(BIN)/python -m benchmarks.scale
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

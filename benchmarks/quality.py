@@ -11,7 +11,7 @@ rate x duration Poisson arrivals, the next starts when all have finished; req/s 
 start)); warm-up 15 QPS x 50 s, then 3 -> 60 QPS.  Pods: profile ``qwen3-32b-h100-tp2`` (see
 ``benchmarks/README.md`` for its constants and their calibration).  At 32 and 128 pods the groups and
 every rate are scaled by pods / 8 (the same load per pod, the same share of KV held by the prefixes), over
-a shorter ladder of stages.
+a shorter ladder of stages (:func:`ladder_for`).
 
 Routers:
 
@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_cost import machine
+from benchmarks.report import command_line, machine
 from llm_epp.sim.cluster import Cluster, StageStats, make_router
 from llm_epp.sim.profiles import Profile, get_profile
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage
@@ -108,6 +108,12 @@ ANCHOR_LADDER = (
     (40, 38), (43, 36), (46, 33), (49, 30), (52, 29), (55, 27), (57, 26), (60, 25),
 )  # fmt: skip
 SCALE_LADDER = ((10, 20), (20, 38), (30, 25), (40, 38), (49, 30), (60, 25))
+SHORT_LADDER = ((30, 25), (60, 25))
+
+
+def ladder_for(pods: int) -> Sequence[tuple[float, float]]:
+    """The anchor's full ladder at 8 pods; fewer stages for larger clusters (every stage costs pods / 8 more)."""
+    return ANCHOR_LADDER if pods <= 8 else SCALE_LADDER if pods <= 32 else SHORT_LADDER
 
 
 def anchor_scenario(pods: int = 8, ladder: Sequence[tuple[float, float]] = ANCHOR_LADDER) -> Scenario:
@@ -369,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--best-config", help="EndpointPickerConfig file for the 'llm-epp best' router")
     p.add_argument("--output", default=str(RESULTS), help="directory for quality.md/.json/.png")
     args = p.parse_args(argv)
-    raw_args = argv if argv is not None else sys.argv[1:]
-    command = "python -m benchmarks.quality" + ("".join(f" {a}" for a in raw_args))
+    command = command_line("benchmarks.quality", argv)
 
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     scale_routers = [r.strip() for r in args.scale_routers.split(",") if r.strip()]
@@ -383,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         scale_routers = routers
     else:
         sizes = [int(x) for x in args.pods.split(",") if x.strip()]
-        scenarios = [anchor_scenario(n) if n == 8 else anchor_scenario(n, SCALE_LADDER) for n in sizes]
+        scenarios = [anchor_scenario(n, ladder_for(n)) for n in sizes]
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
 

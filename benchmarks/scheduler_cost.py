@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -41,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import command_line, machine
 from llm_epp.config.loader import LoadedConfig, load_config_text
 from llm_epp.framework import (
     ApiKind,
@@ -292,27 +290,6 @@ def measure_memory(total: int, window: int, seed: int, out: Callable[[str], None
     return rows, per_entry
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return (
-        f"commit {commit or 'unknown'}{' (with uncommitted changes)' if dirty else ''}; "
-        f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()} ({platform.machine()})"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer requests; finishes in under a minute")
@@ -328,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    command = "python -m benchmarks.scheduler_cost" + (" " + " ".join(argv if argv is not None else sys.argv[1:]))
+    command = command_line("benchmarks.scheduler_cost", argv)
     out = [
         "## Scheduler cost (in-process)",
         "",

@@ -17,8 +17,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+
+from benchmarks.report import command_line, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "tests" / "unit" / "datalayer" / "testdata" / "vllm.txt"
@@ -159,20 +159,6 @@ def _run(loop_name: str, coro_factory: Callable[[], Any]) -> Any:
     return asyncio.run(coro_factory())
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    commit = git.stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    commit += " (+ uncommitted changes)" if dirty.strip() else ""
-    load = os.getloadavg()[0]
-    return f"commit {commit}; {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}; load {load:.1f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one endpoint count, short runs (under a minute)")
@@ -212,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         child.terminate()
         child.wait()
 
-    cmd = "python -m benchmarks.scrape_cost " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = command_line("benchmarks.scrape_cost", argv)
     out = [
         "## Metrics scrape cost (EPP side)",
         "",

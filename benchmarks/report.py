@@ -1,0 +1,55 @@
+"""What every benchmark report starts with: the command that produced it and the machine and commit it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["ROOT", "command_line", "machine"]
+
+
+def machine() -> str:
+    """Commit (and whether the tree had uncommitted changes), CPUs, Python, and the load average at start."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return (
+        f"commit {commit or 'unknown'}{' (with uncommitted changes)' if dirty else ''}; "
+        f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()} ({platform.machine()}); "
+        f"load average {os.getloadavg()[0]:.1f} at start"
+    )
+
+
+def _portable(arg: str) -> str:
+    """An argument as it may appear in a committed report: paths inside the repository relative to it, other
+    absolute paths reduced to their last component."""
+    if not arg.startswith("/"):
+        return arg
+    path = Path(arg)
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return f".../{path.name}"
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """``python -m <module> <args>`` for the report, without this machine's paths."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return " ".join(["python -m", module, *(_portable(a) for a in args)])
