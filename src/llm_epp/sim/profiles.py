@@ -77,8 +77,11 @@ QWEN3_32B_H100_TP2 = Profile(
 )
 """Qwen3-32B (bf16) on 2 x H100 80GB, tensor parallel 2: the pod of the benchmark anchor.
 
-TO BE CALIBRATED by the benchmark against the published round-robin baseline (calibration rule in
-the benchmark protocol); these are first estimates from hardware figures, not measurements:
+The constants are estimates from hardware figures (below), checked against the published round-robin
+baseline by ``python -m benchmarks.calibrate`` (method, result and the +-30% sensitivity table in
+``benchmarks/README.md``): round-robin on the anchor workload gives 0.96x the published requests/s and
+0.80x its ITL, both within the +-25% rule, and were therefore left as estimated; its mean TTFT is 2.7x the
+published one, which no constant within reach moves (the README explains why).
 
 * ``num_gpu_blocks`` = 307,328 tokens / 16: the KV capacity per pod published with the anchor.
 * ``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192: vLLM V1 defaults on a data-centre GPU.
