@@ -9,8 +9,8 @@ Routers:
 
 * ``round-robin``: Envoy with a ROUND_ROBIN cluster, no ext_proc (the "Kubernetes Service" baseline);
 * ``llm-epp-default``: Envoy + llm-epp with its default config;
-* ``llm-epp-best`` (only when named in ``--routers`` or given ``--best-config FILE``): Envoy + llm-epp with
-  :data:`BEST_CONFIG` or the file's configuration;
+* ``llm-epp-best``: Envoy + llm-epp with the best configuration found in virtual time
+  (:data:`benchmarks.quality.BEST_CONFIG`: the default plus ``no-hit-lru-scorer``) or ``--best-config FILE``;
 * ``sglang-router``: ``smg launch --policy cache_aware`` (sglang-router 0.3.2);
 * ``vllm-router``: ``vllm-router --policy cache_aware`` (vllm-router 0.1.17; the pods serve ``/tokenize``
   and ``/v1/completions/render`` so it gets its prefix signal).
@@ -68,6 +68,7 @@ import yaml
 
 from benchmarks import venvs
 from benchmarks.loadgen import LiveResult, PodCounters, make_body, run_stage, scrape_pods, stage_stats
+from benchmarks.quality import BEST_CONFIG
 from benchmarks.report import command_line, machine
 from llm_epp.datalayer.static import parse_endpoints_file
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
@@ -82,25 +83,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "sim-model"
 ROUTERS = ("round-robin", "llm-epp-default", "llm-epp-best", "sglang-router", "vllm-router")
 PEERS = ("sglang-router", "vllm-router")
-
-BEST_CONFIG = """\
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: active-request-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
-  - {pluginRef: active-request-scorer, weight: 2}
-"""
-"""A candidate for llm-epp's best configuration: the reference default weights (queue 2, kv-cache 2, prefix 3)
-plus the EPP's own in-flight load (as in ``examples/demo.py``).  The search in ``benchmarks/README.md`` found
-the default better on this workload, so ``llm-epp-best`` runs only when asked for (``--routers`` or
-``--best-config FILE``)."""
 
 # Peer routers: the flags of the team's peers recipe (thresholds recorded in the report).
 SGLANG_FLAGS = (
@@ -130,7 +112,7 @@ class Setup:
     output_len: int = 100
     stages: tuple[Stage, ...] = tuple(Stage(r, 12.0) for r in (2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
     seed: int = 42
-    routers: tuple[str, ...] = tuple(r for r in ROUTERS if r != "llm-epp-best")
+    routers: tuple[str, ...] = ROUTERS
     slo_ttft_modelled: float = 2.0
     request_timeout: float = 300.0
     smoke: bool = False
@@ -676,9 +658,8 @@ def report(
         "* sglang-router: `smg launch " + " ".join(SGLANG_FLAGS) + "`",
         "* vllm-router: `vllm-router " + " ".join(VLLM_ROUTER_FLAGS) + "`",
         "* llm-epp: Envoy (1 worker thread) + `llm-epp serve` over ext_proc (TLS, response bodies NONE); "
-        "llm-epp-default: the default configuration (queue 2 / kv-cache 2 / prefix 3); llm-epp-best (when run): "
-        "queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3, active-request-scorer 2 (unless "
-        "`--best-config` says otherwise)",
+        "llm-epp-default: the default configuration (queue 2 / kv-cache 2 / prefix 3); llm-epp-best: the default "
+        "plus no-hit-lru-scorer 2 (unless `--best-config` says otherwise)",
         "",
         f"## Headline: highest stage rate with TTFT p90 <= {setup.slo_ttft:g} s wall "
         f"({setup.slo_ttft_modelled:g} s modelled) and no failures",
@@ -861,8 +842,6 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not routers:
             p.error(f"unknown router(s) {unknown}; known: {', '.join(ROUTERS)}")
         overrides["routers"] = routers
-    elif args.best_config and "llm-epp-best" not in setup.routers:
-        overrides["routers"] = (*setup.routers, "llm-epp-best")
     if args.stages:
         overrides["stages"] = args.stages
     if args.time_scale is not None:
