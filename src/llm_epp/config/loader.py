@@ -182,6 +182,7 @@ def _schema_problems(err: ValidationError) -> list[str]:
 
 
 PREFIX_SCORER = "prefix-cache-scorer"
+PREFIX_CONSUMERS = frozenset({PREFIX_SCORER, "prefix-cache-affinity-filter", "no-hit-lru-scorer"})
 PREFIX_PRODUCER = "approx-prefix-cache-producer"
 
 
@@ -196,18 +197,23 @@ def _add_prefix_producer(
     problems: list[str],
 ) -> None:
     """As the reference: a prefix-cache-scorer without an approx-prefix-cache-producer gets one, built with
-    the (last) scorer's parameters, which both plugins accept."""
-    if PREFIX_PRODUCER in types.values() or PREFIX_SCORER not in types.values() or PREFIX_PRODUCER not in registry:
+    the (last) scorer's parameters, which both plugins accept.  The other plugins that read the producer's
+    prefix match (prefix-cache-affinity-filter, no-hit-lru-scorer) would silently see "no prefix data" without
+    it, so configured without any prefix-cache-scorer they get one with the default parameters."""
+    consumers = [t for t in types.values() if t in PREFIX_CONSUMERS]
+    if PREFIX_PRODUCER in types.values() or not consumers or PREFIX_PRODUCER not in registry:
         return
-    scorer_params = [params[name] for name, t in types.items() if t == PREFIX_SCORER][-1]
+    scorer_params = [params[name] for name, t in types.items() if t == PREFIX_SCORER]
+    producer_params = scorer_params[-1] if scorer_params else {}
+    for_whom = PREFIX_SCORER if scorer_params else consumers[0]
     name = _unused_name(PREFIX_PRODUCER, seen_names)
     try:
-        plugins[name] = registry.build(PREFIX_PRODUCER, name, scorer_params, handle)
+        plugins[name] = registry.build(PREFIX_PRODUCER, name, producer_params or None, handle)
     except (PluginParamsError, ValueError) as e:
-        problems.append(f"plugins: the {PREFIX_PRODUCER} created for {PREFIX_SCORER} failed: {e}")
+        problems.append(f"plugins: the {PREFIX_PRODUCER} created for {for_whom} failed: {e}")
         return
     types[name] = PREFIX_PRODUCER
-    params[name] = dict(scorer_params)
+    params[name] = dict(producer_params)
 
 
 def _unused_name(base: str, taken: set[str]) -> str:

@@ -98,6 +98,20 @@ def test_a_prefix_scorer_alone_gets_a_producer_with_its_parameters() -> None:
     assert [p.typed_name.name for p in loaded.prepare_data] == ["approx-prefix-cache-producer"]
 
 
+@pytest.mark.parametrize("consumer", ["prefix-cache-affinity-filter", "no-hit-lru-scorer"])
+def test_other_prefix_consumers_alone_get_a_default_producer(consumer: str) -> None:
+    loaded = _load(f"plugins:\n- type: {consumer}\n- type: queue-scorer\n")
+    assert loaded.plugin_types["approx-prefix-cache-producer"] == "approx-prefix-cache-producer"
+    assert loaded.plugin_params["approx-prefix-cache-producer"] == {}
+    assert [p.typed_name.name for p in loaded.prepare_data] == ["approx-prefix-cache-producer"]
+
+
+def test_no_producer_is_added_without_a_prefix_consumer() -> None:
+    loaded = _load("plugins:\n- type: queue-scorer\n")
+    assert "approx-prefix-cache-producer" not in loaded.plugin_types
+    assert not loaded.prepare_data
+
+
 def test_an_empty_data_layer_section_turns_collection_off() -> None:
     loaded = _load("plugins:\n- type: queue-scorer\ndataLayer: {sources: []}\n")
     assert loaded.data_source is None and loaded.extractor is None
