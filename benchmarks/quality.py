@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import command_line, machine
-from llm_epp.sim.cluster import Cluster, StageStats, make_router
+from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
 from llm_epp.sim.profiles import Profile, get_profile
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage
 
@@ -178,6 +178,115 @@ def run_one(label: str, scenario: Scenario, seed: int, best_config: str | None) 
     return run
 
 
+STEADY_RATES = (4.0, 6.0, 8.0, 10.0, 12.0)
+"""Offered rates of the steady-state runs at 8 pods (scaled by pods / 8 elsewhere)."""
+STEADY_SECONDS = 300.0
+STEADY_SKIP = 60.0
+"""Arrivals in the first ``STEADY_SKIP`` seconds of a steady run warm it up and are not measured."""
+STEADY_ROUTERS = ("round-robin", "least-queue", "llm-epp default", "llm-epp best", "locality-bound")
+
+
+@dataclass
+class SteadyRow:
+    """One router at one constant offered rate, measured after the warm-up (see :func:`run_steady`)."""
+
+    label: str
+    pods: int
+    rate: float
+    measured: int
+    completion_rate: float
+    """Completions per second inside the measured window (arrival window after ``STEADY_SKIP``)."""
+    output_tokens_per_s: float
+    ttft_p50: float
+    ttft_p90: float
+    itl_p50: float
+    e2e_p50: float
+    cached_fraction: float
+    """Cached prompt tokens / prompt tokens of the measured requests (at their first admission)."""
+    preemptions_per_request: float
+    overloaded: bool
+    """Completions in the window fell behind the arrivals in it (< 95%): the queue grew for the whole run, so
+    the latencies are lower bounds that depend on the run's length."""
+
+
+def run_steady(
+    label: str,
+    scenario: Scenario,
+    rate: float,
+    seed: int,
+    best_config: str | None,
+    seconds: float = STEADY_SECONDS,
+    skip: float = STEADY_SKIP,
+) -> SteadyRow:
+    """The scenario's warm-up stage, then ``rate`` QPS for ``seconds`` (one Poisson stage, drained at the end);
+    figures from the requests arriving after ``skip`` seconds of it."""
+    kind, config = ROUTERS[label]
+    if label == "llm-epp best" and best_config is not None:
+        config = best_config
+    workload = SharedPrefixWorkload(
+        num_groups=scenario.num_groups,
+        prompts_per_group=scenario.prompts_per_group,
+        system_prompt_len=scenario.system_prompt_len,
+        question_len=scenario.question_len,
+        output_len=scenario.output_len,
+        seed=seed,
+    )
+    cluster = Cluster(get_profile(scenario.profile), scenario.pods)
+    router = make_router(kind, scenario.pods, seed=seed, config_text=config)
+    stages = (*scenario.stages[: scenario.warmup_stages], Stage(rate, seconds))
+    started = time.perf_counter()
+    result = cluster.run(workload, stages, router, seed=seed)
+    steady = [r for r in result.requests if r.stage == len(stages) - 1]
+    t0 = min(r.arrival for r in steady)
+    lo, hi = t0 + skip, t0 + seconds
+    measured = [r for r in steady if lo <= r.arrival <= hi and not r.failed]
+    done_in_window = [r for r in steady if not r.failed and lo <= r.finish <= hi]
+    arrived = sum(1 for r in steady if lo <= r.arrival <= hi)
+    window = hi - lo
+    completion_rate = len(done_in_window) / window
+    prompt = sum(r.prompt_tokens for r in measured)
+    row = SteadyRow(
+        label=label,
+        pods=scenario.pods,
+        rate=rate,
+        measured=len(measured),
+        completion_rate=completion_rate,
+        output_tokens_per_s=sum(r.completion_tokens for r in done_in_window) / window,
+        ttft_p50=percentile([r.ttft for r in measured], 50),
+        ttft_p90=percentile([r.ttft for r in measured], 90),
+        itl_p50=percentile([r.itl_mean for r in measured if r.completion_tokens > 1], 50),
+        e2e_p50=percentile([r.e2e for r in measured], 50),
+        cached_fraction=sum(r.cached_tokens for r in measured) / prompt if prompt else 0.0,
+        preemptions_per_request=sum(r.preemptions for r in measured) / max(len(measured), 1),
+        overloaded=len(done_in_window) < 0.95 * arrived,
+    )
+    print(
+        f"  [{scenario.pods} pods, steady] {label} at {rate:g} QPS: {completion_rate:.2f} completions/s, TTFT p90 "
+        f"{row.ttft_p90:.2f} s{' (overloaded)' if row.overloaded else ''} ({time.perf_counter() - started:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
+def steady_table(rows: Sequence[SteadyRow]) -> list[str]:
+    out = [
+        "| router | offered QPS | measured | completions/s | out tok/s | TTFT p50 s | TTFT p90 s | ITL p50 ms | "
+        "E2E p50 s | cached prompt | preempt/req | state |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    for r in sorted(rows, key=lambda r: (order[r.label], r.rate)):
+        bound = "≥ " if r.overloaded else ""
+        out.append(
+            f"| {r.label} | {r.rate:g} | {r.measured} | {_fmt(r.completion_rate)} | {_fmt(r.output_tokens_per_s, 0)} | "
+            f"{bound}{_fmt(r.ttft_p50)} | {bound}{_fmt(r.ttft_p90)} | {_fmt(r.itl_p50 * 1000, 1)} | "
+            f"{bound}{_fmt(r.e2e_p50, 1)} | {r.cached_fraction:.3f} | {r.preemptions_per_request:.2f} | "
+            f"{'**overloaded**' if r.overloaded else 'steady'} |"
+        )
+    return out
+
+
 # --------------------------------------------------------------------------------------------- report
 
 
@@ -293,6 +402,7 @@ def plot(runs: Sequence[RouterRun], scenario: Scenario, out_dir: Path, suffix: s
 def report(
     scenarios: Sequence[Scenario],
     results: dict[int, list[RouterRun]],
+    steady: Sequence[SteadyRow],
     args: argparse.Namespace,
     command: str,
     out_dir: Path,
@@ -333,12 +443,31 @@ def report(
         for r in runs:
             lines += [stage_row(r.label, s, k < sc.warmup_stages) for k, s in enumerate(r.stages)]
         lines += ["", "Wall time per router: " + ", ".join(f"{r.label} {r.wall_seconds:.0f} s" for r in runs) + "."]
+        rows = [r for r in steady if r.pods == sc.pods]
+        if rows:
+            lines += [
+                "",
+                f"#### Steady state, {sc.pods} pods",
+                "",
+                "After the warm-up stage, one Poisson stage at a constant offered rate for "
+                f"{STEADY_SECONDS if not args.smoke else 8:g} s; figures from the requests arriving after its first "
+                f"{STEADY_SKIP if not args.smoke else 2:g} s (completions/s and output "
+                "tokens/s: completions inside that window). `cached prompt` = cached / prompt tokens of those "
+                "requests at admission. **overloaded**: completions in the window fell below 95% of the arrivals in "
+                "it, the queue grew for the whole run, and latencies marked ≥ are lower bounds (they grow with the "
+                "run's length).",
+                "",
+                *steady_table(rows),
+            ]
     return "\n".join(lines) + "\n"
 
 
-def to_json(scenarios: Sequence[Scenario], results: dict[int, list[RouterRun]], seed: int) -> dict[str, Any]:
+def to_json(
+    scenarios: Sequence[Scenario], results: dict[int, list[RouterRun]], steady: Sequence[SteadyRow], seed: int
+) -> dict[str, Any]:
     return {
         "seed": seed,
+        "steady": [asdict(r) for r in steady],
         "slo_ttft_p90_s": SLO_TTFT_P90,
         "scenarios": [
             {
@@ -373,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         help="routers run at sizes other than 8 pods (default: round-robin, both llm-epp, locality-bound)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny profile and workload, 4 and 8 pods (seconds)")
+    p.add_argument(
+        "--steady",
+        default=",".join(f"{r:g}" for r in STEADY_RATES),
+        help="offered rates of the steady-state runs at 8 pods, comma-separated ('' for none; default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--best-config", help="EndpointPickerConfig file for the 'llm-epp best' router")
@@ -404,20 +538,44 @@ def main(argv: list[str] | None = None) -> int:
         names = routers if sc.pods == 8 or args.smoke else scale_routers
         jobs += [(name, sc) for name in names]
 
+    steady_rates = [float(x) for x in args.steady.split(",") if x.strip()]
+    steady_seconds, steady_skip = STEADY_SECONDS, STEADY_SKIP
+    if args.smoke:
+        steady_rates, steady_seconds, steady_skip = [10.0, 40.0], 8.0, 2.0
+    steady_scenario = next((sc for sc in scenarios if sc.pods == (4 if args.smoke else 8)), None)
+    steady_jobs = (
+        [(name, rate) for name in STEADY_ROUTERS if name in routers for rate in steady_rates]
+        if steady_scenario is not None
+        else []
+    )
+
     results: dict[int, list[RouterRun]] = {}
+    steady: list[SteadyRow] = []
     interrupted = False
     started = time.perf_counter()
     pool = ProcessPoolExecutor(max_workers=max(args.jobs, 1))
-    futures: dict[Future[RouterRun], tuple[str, Scenario]] = {}
+    futures: dict[Future[Any], str] = {}
     try:
-        futures = {pool.submit(run_one, name, sc, args.seed, best_config): (name, sc) for name, sc in jobs}
+        futures = {pool.submit(run_one, name, sc, args.seed, best_config): name for name, sc in jobs}
+        if steady_scenario is not None:
+            futures.update(
+                {
+                    pool.submit(
+                        run_steady, name, steady_scenario, rate, args.seed, best_config, steady_seconds, steady_skip
+                    ): name
+                    for name, rate in steady_jobs
+                }
+            )
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
-                run = f.result()
-                results.setdefault(run.pods, []).append(run)
-                if run.error:
+                got = f.result()
+                if isinstance(got, SteadyRow):
+                    steady.append(got)
+                    continue
+                results.setdefault(got.pods, []).append(got)
+                if got.error:
                     interrupted = True
     except KeyboardInterrupt:
         interrupted = True
@@ -431,10 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     for runs in results.values():
         runs.sort(key=lambda r: order[r.label])
 
-    text = report(scenarios, results, args, command, out_dir, interrupted)
+    text = report(scenarios, results, steady, args, command, out_dir, interrupted)
     text += f"\nTook {time.perf_counter() - started:.0f} s.\n"
     (out_dir / "quality.md").write_text(text)
-    (out_dir / "quality.json").write_text(json.dumps(to_json(scenarios, results, args.seed), indent=1) + "\n")
+    (out_dir / "quality.json").write_text(json.dumps(to_json(scenarios, results, steady, args.seed), indent=1) + "\n")
     print(text)
     return 130 if interrupted else 0
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.quality import ROUTERS, smoke_scenario
+from benchmarks.quality import ROUTERS, STEADY_ROUTERS, smoke_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -57,11 +57,18 @@ def test_quality_smoke_writes_a_row_per_router_and_stage_and_plots(tmp_path: Pat
                 assert len(stage["requests_per_pod"]) == scenario["pods"]
                 assert stage["ttft_p50"] <= stage["ttft_p90"] <= stage["ttft_p99"]
 
+    steady = data["steady"]
+    assert sorted((r["label"], r["rate"]) for r in steady) == sorted((n, q) for n in STEADY_ROUTERS for q in (10, 40))
+    for row in steady:
+        assert row["pods"] == 4 and row["measured"] > 0 and row["completion_rate"] > 0
+        assert 0.0 <= row["cached_fraction"] <= 1.0 and isinstance(row["overloaded"], bool)
+
     report = (tmp_path / "quality.md").read_text()
-    assert "### 4 pods" in report and "### 8 pods" in report
+    assert "### 4 pods" in report and "### 8 pods" in report and "#### Steady state, 4 pods" in report
     for label in ROUTERS:
-        # headline row (max QPS at the SLO) for both sizes, then one row per stage for both sizes
-        assert len(_table_rows(report, label)) == 2 + 2 * len(smoke_scenario(4).stages), label
+        # headline row (max QPS at the SLO) for both sizes, one row per stage for both sizes, steady-state rows
+        steady_rows = 2 if label in STEADY_ROUTERS else 0
+        assert len(_table_rows(report, label)) == 2 + 2 * len(smoke_scenario(4).stages) + steady_rows, label
     for name in ("quality_ttft_4.png", "quality_throughput_4.png", "quality_ttft_8.png", "quality_throughput_8.png"):
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
         assert f"]({name})" in report
