@@ -183,7 +183,7 @@ STEADY_RATES = (4.0, 6.0, 8.0, 10.0, 12.0)
 STEADY_SECONDS = 300.0
 STEADY_SKIP = 60.0
 """Arrivals in the first ``STEADY_SKIP`` seconds of a steady run warm it up and are not measured."""
-STEADY_ROUTERS = ("round-robin", "least-queue", "llm-epp default", "llm-epp best", "locality-bound")
+STEADY_ROUTERS = ("round-robin", "llm-epp default", "llm-epp best", "locality-bound")
 
 
 @dataclass
