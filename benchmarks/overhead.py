@@ -1,18 +1,30 @@
-"""EPP overhead through a real Envoy, side by side in one run.
+"""EPP overhead through a real Envoy, side by side in one run (the protocol of the design doc's benchmarks §2).
 
-Part 1, small non-streamed requests: wrk (closed loop, 32 connections) against
+Backends everywhere but part 2 are Envoy direct_response listeners (near-zero cost; they also answer /health and
+/metrics), so the figures are the gateway's.
+
+Part 3, open loop at fixed rates (100, 300, 1000 req/s; the generator is ``benchmarks.openloop``), targets
+alternating within each round:
+  * direct to one backend (the floor);
   * Envoy ROUND_ROBIN to the backends (no ext_proc): the baseline;
-  * Envoy + llm-epp (FULL_DUPLEX_STREAMED request body, response body NONE, TLS), the default config;
-  * the same with response headers SKIPped (one round trip less per request).
-Backends are Envoy direct_response listeners (near-zero cost), so the figures are the gateway's.
-
+  * Envoy + llm-epp, default config (FULL_DUPLEX_STREAMED request body, response body NONE, TLS);
+  * sglang-router 0.3.2 cache_aware in front of the same backends (private venv, see ``benchmarks.venvs``).
+  Latency p50/p99, added latency vs ROUND_ROBIN and vs direct, failures, achieved rate, EPP and gateway CPU
+  seconds per 1,000 requests, the generator's own lag.  Then a short search: the highest step rate (50, 100, 200,
+  300, 500, 700, 1000) at which Envoy + llm-epp's p99 stays within 10 ms of ROUND_ROBIN's.
+Part 4, the EPP's resident memory (VmRSS) every 10% of 100k requests with distinct prompts (closed loop).
+Part 1, small non-streamed requests: wrk (closed loop, 32 connections) against Envoy ROUND_ROBIN, Envoy +
+  llm-epp (default) and the same with response headers SKIPped (one round trip less per request).
 Part 2, streamed 1,000-token responses (a stub server writing one SSE event per token, 1 ms apart):
-Envoy ROUND_ROBIN vs Envoy + llm-epp with response bodies NONE vs FULL_DUPLEX_STREAMED.
+  Envoy ROUND_ROBIN vs Envoy + llm-epp with response bodies NONE vs FULL_DUPLEX_STREAMED.
 
-Every figure comes from this one run; configurations alternate (A B C A B C) to spread the noise. Needs
-`wrk` on PATH (Debian: apt-get install wrk). Takes about 3 minutes. Ctrl-C prints what was measured.
+Every figure comes from this one run; configurations alternate (A B C A B C) to spread the noise. Part 1 needs
+`wrk` on PATH (Debian: apt-get install wrk) and is skipped without it. The full run takes about 10 minutes on
+2 cores (the RSS part is bound by the EPP's throughput). Ctrl-C or SIGTERM writes what was measured and stops
+every child process. ``--smoke``: parts 3 and 4 on a tiny budget (< 1 min), for the test suite.
 
-    python -m benchmarks.overhead [--duration 10] [--rounds 2] [--connections 32] [--output FILE]
+    python -m benchmarks.overhead [--part 1|2|3|4|all] [--smoke [--peers]] [--rates 100,300,1000]
+        [--open-duration 8] [--rounds 2] [--rss-requests 100000] [--duration 10] [--seed 1] [--output FILE]
 """
 
 from __future__ import annotations
@@ -20,10 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import random
 import re
 import shutil
+import signal
+import socket
 import statistics
+import string
 import subprocess
 import sys
 import tempfile
@@ -37,6 +52,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.openloop import LoadResult, percentile, run_closed_loop, run_open_loop, summary
+from benchmarks.report import command_line, machine
+from benchmarks.venvs import ToolUnavailableError, ensure
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
@@ -55,6 +73,11 @@ REPLY = json.dumps(
     }
 )
 
+METRICS = "".join(
+    f'# TYPE {name} gauge\n{name}{{model_name="m"}} 0\n'
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+)
+
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -62,35 +85,55 @@ def cpu_seconds(pid: int) -> float:
 
 
 def direct_response_backends(n: int) -> dict[str, Any]:
-    """One Envoy worker serving a fixed completion on n listeners: stand-in model servers that cost little."""
+    """One Envoy worker serving a fixed completion on n listeners: stand-in model servers that cost little.
+
+    Each also answers ``GET /health`` (200), ``GET /metrics`` (idle vLLM gauges) and 404 on the server-info
+    paths sglang-router asks for, so the EPP and sglang-router can both use them."""
     listeners = []
     for i in range(n):
         hcm = {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
             "HttpConnectionManager",
             "stat_prefix": f"b{i}",
+            "codec_type": "HTTP1",  # sglang-router probes workers with an HTTP/2 preface; this answers it 400
             "route_config": {
                 "virtual_hosts": [
                     {
                         "name": "all",
                         "domains": ["*"],
                         "routes": [
+                            *(
+                                {"match": {"path": path}, "direct_response": {"status": 404}}
+                                for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info")
+                            ),
+                            {"match": {"path": "/health"}, "direct_response": {"status": 200}},
+                            {
+                                "match": {"path": "/metrics"},
+                                "direct_response": {"status": 200, "body": {"inline_string": METRICS}},
+                            },
                             {
                                 "match": {"prefix": "/"},
                                 "direct_response": {"status": 200, "body": {"inline_string": REPLY}},
                                 "response_headers_to_add": [
                                     {"header": {"key": "content-type", "value": "application/json"}}
                                 ],
-                            }
+                            },
                         ],
                     }
                 ]
             },
             "http_filters": [
+                {  # answer after the whole request body: a reply sent earlier makes Envoy close the connection
+                    "name": "envoy.filters.http.buffer",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                        "max_request_bytes": 1048576,
+                    },
+                },
                 {
                     "name": "envoy.filters.http.router",
                     "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-                }
+                },
             ],
         }
         listeners.append(
@@ -190,17 +233,17 @@ def part1(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
         backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
         addrs = [f"127.0.0.1:{p}" for p in backends.listener_ports.values()]
         epp = stack.enter_context(run_epp(addrs, workdir))
-        base = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
+        base: dict[str, Any] = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
         gateways: dict[str, EnvoyProcess] = {
             "Envoy ROUND_ROBIN (no EPP)": EnvoyProcess(
                 build_bootstrap(
                     EnvoyConfigOptions(listen_port=0, admin_port=0, no_epp=True, fallback_endpoints=tuple(addrs))
                 )
             ),
-            "Envoy + llm-epp (default)": EnvoyProcess(build_bootstrap(EnvoyConfigOptions(**base))),  # type: ignore[arg-type]
+            "Envoy + llm-epp (default)": EnvoyProcess(build_bootstrap(EnvoyConfigOptions(**base))),
             "Envoy + llm-epp, response headers SKIP": EnvoyProcess(
                 build_bootstrap(EnvoyConfigOptions(**base, response_header_mode="SKIP"))
-            ),  # type: ignore[arg-type]
+            ),
         }
         for g in gateways.values():
             stack.enter_context(g)
@@ -272,7 +315,7 @@ def part2(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
     with ExitStack() as stack:
         pool = stack.enter_context(BackendPool(2, itl_s=0.001))
         epp = stack.enter_context(run_epp(pool.addresses, workdir))
-        base = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
+        base: dict[str, Any] = dict(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
         gateways = {
             "Envoy ROUND_ROBIN (no EPP)": EnvoyProcess(
                 build_bootstrap(
@@ -281,10 +324,10 @@ def part2(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
                     )
                 )
             ),
-            "llm-epp, response body NONE": EnvoyProcess(build_bootstrap(EnvoyConfigOptions(**base))),  # type: ignore[arg-type]
+            "llm-epp, response body NONE": EnvoyProcess(build_bootstrap(EnvoyConfigOptions(**base))),
             "llm-epp, response body FULL_DUPLEX_STREAMED": EnvoyProcess(
                 build_bootstrap(EnvoyConfigOptions(**base, response_body_mode="FULL_DUPLEX_STREAMED"))
-            ),  # type: ignore[arg-type]
+            ),
         }
         for g in gateways.values():
             stack.enter_context(g)
@@ -324,48 +367,528 @@ def part2(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
         out.append("")
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    commit = (
-        subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        or "unknown"
+# ---------------------------------------------------------------------------------------------------------------
+# The EPP-overhead protocol (design doc, benchmarks §2): open-loop fixed rates against near-zero-cost backends.
+
+
+DIRECT = "direct to a backend (floor)"
+RR = "Envoy ROUND_ROBIN (no EPP)"
+EPP = "Envoy + llm-epp (default)"
+SGL = "sglang-router cache_aware"
+WORDS_PER_PROMPT = 12  # ~330-byte bodies for the rate measurements
+RSS_WORDS = 80  # ~0.8 KB bodies for the memory run: ~8 new prefix blocks a request fill the index in ~12k requests
+INDEX_SIZE = "inference_extension_prefix_indexer_size"
+
+
+def prompt_bodies(seed: int, tag: str, n: int, system_prompts: int = 16, words: int = WORDS_PER_PROMPT) -> list[bytes]:
+    """``n`` small completion bodies: one of a few shared "system" prefixes, then ``words`` random words unique to
+    each request (so the prefix index keeps meeting new blocks, as in production)."""
+    rng = random.Random(f"{seed}-{tag}")
+
+    def some(k: int) -> str:
+        return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8))) for _ in range(k))
+
+    systems = [f"You are assistant {j}. {some(30)}." for j in range(system_prompts)]
+    return [
+        json.dumps(
+            {
+                "model": "m",
+                "prompt": f"{systems[i % system_prompts]} [{tag}-{i}] {some(words)}?",
+                "max_tokens": 8,
+            }
+        ).encode()
+        for i in range(n)
+    ]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def settle(pids: list[int], timeout: float = 10.0) -> None:
+    """Wait (at most ``timeout``) until the processes together use < 10% of a core: work queued by an overloaded
+    measurement must not leak into the next one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = sum(cpu_seconds(p) for p in pids)
+        time.sleep(0.25)
+        if sum(cpu_seconds(p) for p in pids) - before < 0.025:
+            return
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    proc_pid: int | None  # the gateway / router process, for CPU per request (None: direct)
+
+
+@dataclass
+class Cell:
+    """Everything measured for one (target, rate), pooled over rounds."""
+
+    load: LoadResult
+    epp_cpu_s: float = 0.0
+    proc_cpu_s: float = 0.0
+    wall_s: float = 0.0
+    epp_picks: float = 0.0
+
+    def p(self, q: float) -> float:
+        return percentile(self.load.service_ms, q)
+
+
+@contextmanager
+def run_sglang_router(worker_ports: list[int], workdir: Path) -> Iterator[tuple[int, int]]:
+    """``smg launch`` (sglang-router 0.3.2, cache_aware, thresholds as in the peers recipe) in front of the
+    workers; yields (port, pid) once it forwards a completion."""
+    bindir = ensure("peers")
+    port, mport = free_port(), free_port()
+    cmd = [
+        str(bindir / "smg"),
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(mport),
+        *("--policy", "cache_aware", "--cache-threshold", "0.3"),
+        *("--balance-abs-threshold", "64", "--balance-rel-threshold", "1.5"),
+        *("--eviction-interval-secs", "60", "--max-tree-size", "67108864"),
+        *("--worker-startup-check-interval", "1", "--log-level", "warn"),
+        "--worker-urls",
+        *(f"http://127.0.0.1:{p}" for p in worker_ports),
+    ]
+    log = open(workdir / "sglang-router.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (workdir / "sglang-router.log").read_text(errors="replace").strip().splitlines()[-1:]
+                last = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(tail))
+                raise RuntimeError(f"sglang-router did not forward a completion within 60 s; its log ends: {last}")
+            try:
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    content=BODY,
+                    headers={"content-type": "application/json"},
+                    timeout=2,
+                    trust_env=False,
+                )
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def measure_open(
+    cells: dict[tuple[str, int], Cell],
+    target: Target,
+    rate: int,
+    duration: float,
+    bodies: list[bytes],
+    epp: EppProcess,
+    drain_s: float,
+    label: str,
+) -> Cell:
+    watch = [epp.pid] + ([target.proc_pid] if target.proc_pid else [])
+    for pid in watch:
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            raise RuntimeError(f"process {pid} of {target.name!r} exited")
+    settle(watch)
+    picks0 = epp.metric_value("inference_objective_request_total") if target.name == EPP else 0.0
+    epp0 = cpu_seconds(epp.pid)
+    proc0 = cpu_seconds(target.proc_pid) if target.proc_pid else 0.0
+    t0 = time.monotonic()
+    res = run_open_loop(
+        "127.0.0.1", target.port, "/v1/completions", bodies[: int(rate * duration)], rate, drain_s=drain_s
     )
-    return f"commit {commit}; {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}"
+    one = Cell(
+        res,
+        epp_cpu_s=cpu_seconds(epp.pid) - epp0,
+        proc_cpu_s=(cpu_seconds(target.proc_pid) - proc0) if target.proc_pid else 0.0,
+        wall_s=time.monotonic() - t0,
+    )
+    if target.name == EPP:
+        one.epp_picks = epp.metric_value("inference_objective_request_total") - picks0
+    cell = cells.get((target.name, rate))
+    if cell is None:
+        cells[(target.name, rate)] = cell = Cell(LoadResult(target_rate=rate))
+    cell.load.merge(res)
+    cell.epp_cpu_s += one.epp_cpu_s
+    cell.proc_cpu_s += one.proc_cpu_s
+    cell.wall_s += one.wall_s
+    cell.epp_picks += one.epp_picks
+    print(
+        f"  {label} {target.name} @ {rate}/s: {res.ok} ok, {res.failed} failed, {res.achieved_rps:.0f}/s; "
+        f"ms p50/p99/max {summary(res.service_ms)}; generator lag {summary(res.lag_ms)}"
+        + (f" ({res.queued} waited for a connection)" if res.queued else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    return one
+
+
+def _f(x: float, fmt: str = ".2f") -> str:
+    return "-" if x != x else format(x, fmt)  # NaN -> "-"
+
+
+RATES_LEGEND = """\
+Backends: three Envoy `direct_response` listeners (one Envoy worker) answering a fixed completion. Each target gets
+its own distinct prompts (16 shared "system" prefixes + a unique tail, ~330-byte bodies). Latency = from writing
+the request to the last response byte, pooled over rounds; the generator's own lateness (write minus scheduled
+send) is in the last column. Added latency = the target's percentile minus the baseline's percentile at the same
+rate (a difference of percentiles, not a percentile of differences): "vs RR" subtracts Envoy ROUND_ROBIN (what the
+EPP adds to an Envoy that routes anyway), "vs direct" subtracts the client talking to one backend directly (the
+whole hop; the fair figure for sglang-router, which replaces the gateway rather than adding to it). CPU = user +
+system seconds of the process (/proc/<pid>/stat) over the measurement window, including the drain, divided by the
+successful requests; "gateway" is the Envoy in front, or sglang-router itself. "(N queued)": N requests found all
+768 of the generator's connections busy (the target had fallen far behind) and waited for one; that wait counts
+as lag, not latency, so such a row's latency understates what a client would see.
+"""
+
+
+def render_rates(cells: dict[tuple[str, int], Cell], targets: list[str], rates: list[int], out: list[str]) -> None:
+    out.append(
+        "| rate req/s | target | achieved req/s | ok | failed | p50 ms | p99 ms | added p50 / p99 vs RR ms | "
+        "added p50 / p99 vs direct ms | EPP CPU s per 1k req | gateway CPU s per 1k req | generator lag p50 / p99 ms |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rate in rates:
+        rr = cells.get((RR, rate))
+        direct = cells.get((DIRECT, rate))
+        for name in targets:
+            c = cells.get((name, rate))
+            if c is None:
+                continue
+            ld = c.load
+
+            def added(base: Cell | None, c: Cell = c) -> str:
+                if base is None or not base.load.service_ms or not c.load.service_ms:
+                    return "-"
+                return f"{c.p(50) - base.p(50):+.2f} / {c.p(99) - base.p(99):+.2f}"
+
+            per_k = 1000 / ld.ok if ld.ok else float("nan")
+            epp_cpu = _f(c.epp_cpu_s * per_k, ".3f") if name == EPP else "-"
+            gw_cpu = _f(c.proc_cpu_s * per_k, ".3f") if name not in (DIRECT,) else "-"
+            out.append(
+                f"| {rate} | {name} | {ld.achieved_rps:.0f} | {ld.ok} | {ld.failed} | {_f(c.p(50))} | {_f(c.p(99))} | "
+                f"{added(rr) if name not in (RR, DIRECT) else '-'} | {added(direct) if name != DIRECT else '-'} | "
+                f"{epp_cpu} | {gw_cpu} | {_f(percentile(ld.lag_ms, 50))} / {_f(percentile(ld.lag_ms, 99))}"
+                f"{f' ({ld.queued} queued)' if ld.queued else ''} |"
+            )
+    out.append("")
+
+
+def background_epp_cpu(cells: dict[tuple[str, int], Cell]) -> float:
+    """EPP CPU seconds per second while the EPP served no requests (other targets' windows): its scraping and
+    housekeeping."""
+    cpu = sum(c.epp_cpu_s for (name, _), c in cells.items() if name != EPP)
+    wall = sum(c.wall_s for (name, _), c in cells.items() if name != EPP)
+    return cpu / wall if wall else float("nan")
+
+
+def part_rates(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
+    rates: list[int] = args.rates
+    steps: list[int] = args.search_rates
+    cells: dict[tuple[str, int], Cell] = {}
+    search: dict[tuple[str, int], Cell] = {}
+    names: list[str] = []
+    sgl_note = ""
+    verdicts: list[tuple[int, bool, str]] = []
+    print(f"[rates] seed {args.seed}; rates {rates}; {args.open_duration}s x {args.rounds} rounds", file=sys.stderr)
+    try:
+        with ExitStack() as stack:
+            backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
+            ports = list(backends.listener_ports.values())
+            addrs = [f"127.0.0.1:{p}" for p in ports]
+            epp = stack.enter_context(run_epp(addrs, workdir))
+            rr_gw = stack.enter_context(
+                EnvoyProcess(
+                    build_bootstrap(
+                        EnvoyConfigOptions(listen_port=0, admin_port=0, no_epp=True, fallback_endpoints=tuple(addrs))
+                    )
+                )
+            )
+            epp_gw = stack.enter_context(
+                EnvoyProcess(
+                    build_bootstrap(
+                        EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
+                    )
+                )
+            )
+            epp_gw.wait_cluster_healthy("epp", timeout=30)
+            assert rr_gw.proc is not None and epp_gw.proc is not None and backends.proc is not None
+            targets = [
+                Target(DIRECT, ports[0], backends.proc.pid),
+                Target(RR, rr_gw.listen_port, rr_gw.proc.pid),
+                Target(EPP, epp_gw.listen_port, epp_gw.proc.pid),
+            ]
+            if args.smoke and not args.peers:
+                sgl_note = "sglang-router skipped (smoke run without --peers)."
+            elif args.no_peers:
+                sgl_note = "sglang-router skipped (--no-peers)."
+            else:
+                try:
+                    sgl_port, sgl_pid = stack.enter_context(run_sglang_router(ports, workdir))
+                    targets.append(Target(SGL, sgl_port, sgl_pid))
+                except (ToolUnavailableError, RuntimeError) as e:
+                    sgl_note = f"sglang-router skipped: {e}"
+            if sgl_note:
+                print(f"  {sgl_note}", file=sys.stderr)
+            names = [t.name for t in targets]
+            bodies = {t.name: prompt_bodies(args.seed, f"w{i}", 200) for i, t in enumerate(targets)}
+            for t in targets:  # warm-up: connections, caches, the EPP's first picks
+                run_open_loop("127.0.0.1", t.port, "/v1/completions", bodies[t.name], 200, drain_s=args.drain)
+            for rnd in range(args.rounds):
+                for rate in rates:
+                    for t in targets:
+                        b = prompt_bodies(args.seed, f"r{rnd}-{rate}-{t.name[:6]}", int(rate * args.open_duration))
+                        measure_open(cells, t, rate, args.open_duration, b, epp, args.drain, f"round {rnd + 1}")
+            # the highest rate with p99 added latency <= the limit
+            by_name = {t.name: t for t in targets}
+            for rate in steps:
+                for name in (RR, EPP):
+                    b = prompt_bodies(args.seed, f"s{rate}-{name[:6]}", int(rate * args.search_duration))
+                    measure_open(search, by_name[name], rate, args.search_duration, b, epp, args.drain, "search")
+                ok, why = _passes(search, rate, args.limit_ms)
+                verdicts.append((rate, ok, why))
+                print(f"  search @ {rate}/s: {'pass' if ok else 'FAIL'} ({why})", file=sys.stderr, flush=True)
+                if not ok:
+                    break
+    finally:
+        out.append(
+            f"### Open loop at fixed rates ({args.open_duration:g}s per measurement x {args.rounds} rounds, "
+            f"targets alternating)\n"
+        )
+        if cells:
+            out.append(RATES_LEGEND)
+            render_rates(cells, names, rates, out)
+            out.append(
+                f"EPP background CPU while other targets ran (scraping, housekeeping): "
+                f"{_f(background_epp_cpu(cells), '.3f')} s per s (included in the EPP column)."
+            )
+            out.append("")
+        if sgl_note:
+            out.append(sgl_note + "\n")
+        out.append(f"### Highest rate with p99 added latency <= {args.limit_ms:g} ms (Envoy + llm-epp)\n")
+        if verdicts:
+            out.append(
+                f"Steps {steps}, {args.search_duration:g}s each, Envoy ROUND_ROBIN then Envoy + llm-epp at each step; "
+                "a step passes when p99(llm-epp) - p99(ROUND_ROBIN) <= the limit, nothing failed and the achieved "
+                "rate is >= 95% of the target; the search stops at the first failing step.\n"
+            )
+            out.append(
+                "| rate req/s | RR p99 ms | llm-epp p99 ms | added p99 ms | llm-epp failed | achieved | verdict |"
+            )
+            out.append("|---|---|---|---|---|---|---|")
+            for rate, ok, why in verdicts:
+                rr, ep = search.get((RR, rate)), search.get((EPP, rate))
+                if rr is None or ep is None:
+                    continue
+                out.append(
+                    f"| {rate} | {_f(rr.p(99))} | {_f(ep.p(99))} | {_f(ep.p(99) - rr.p(99))} | {ep.load.failed} | "
+                    f"{ep.load.achieved_rps:.0f} | {'pass' if ok else 'FAIL: ' + why} |"
+                )
+            passed = [r for r, ok, _ in verdicts if ok]
+            first_fail = next((r for r, ok, _ in verdicts if not ok), None)
+            best = f"**{passed[-1]} req/s**" if passed else "none of the steps"
+            tail = f" ({first_fail} req/s failed)" if first_fail else " (every step passed)"
+            out.append(f"\nHighest passing rate: {best}{tail}.\n")
+        else:
+            out.append("(not measured)\n")
+
+
+def _passes(search: dict[tuple[str, int], Cell], rate: int, limit_ms: float) -> tuple[bool, str]:
+    rr, ep = search[(RR, rate)], search[(EPP, rate)]
+    added = ep.p(99) - rr.p(99)
+    if ep.load.failed:
+        return False, f"{ep.load.failed} failed"
+    if ep.load.achieved_rps < 0.95 * rate:
+        return False, f"achieved {ep.load.achieved_rps:.0f}/s"
+    if not added <= limit_ms:
+        return False, f"p99 added {added:.1f} ms"
+    return True, f"p99 added {added:.2f} ms"
+
+
+def part_rss(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
+    total: int = args.rss_requests
+    step = max(1, total // 10)
+    samples: list[tuple[int, int, float, float]] = []  # (requests, VmRSS KiB, req/s of the chunk, index size)
+    failed = 0
+    print(
+        f"[rss] seed {args.seed}; {total} requests, closed loop over {args.rss_connections} connections",
+        file=sys.stderr,
+    )
+    try:
+        with ExitStack() as stack:
+            backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
+            addrs = [f"127.0.0.1:{p}" for p in backends.listener_ports.values()]
+            epp = stack.enter_context(run_epp(addrs, workdir))
+            gw = stack.enter_context(
+                EnvoyProcess(
+                    build_bootstrap(
+                        EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
+                    )
+                )
+            )
+            gw.wait_cluster_healthy("epp", timeout=30)
+            samples.append((0, rss_kib(epp.pid), 0.0, epp.metric_value(INDEX_SIZE)))
+            done = 0
+            while done < total:
+                n = min(step, total - done)
+                bodies = prompt_bodies(args.seed, f"m{done}", n, words=RSS_WORDS)
+                res = run_closed_loop("127.0.0.1", gw.listen_port, "/v1/completions", bodies, args.rss_connections)
+                done += n
+                failed += res.failed
+                samples.append((done, rss_kib(epp.pid), res.achieved_rps, epp.metric_value(INDEX_SIZE)))
+                print(
+                    f"  rss: {done} requests, VmRSS {samples[-1][1] / 1024:.1f} MiB, {res.achieved_rps:.0f} req/s, "
+                    f"{res.failed} failed",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        out.append(
+            f"### EPP resident memory over {total} requests (Envoy + llm-epp, closed loop, "
+            f"{args.rss_connections} connections, distinct prompts)\n"
+        )
+        out.append(
+            f"Each request: one of 16 shared 30-word prefixes, then {RSS_WORDS} random words of its own (~0.8 KB "
+            "bodies, ~8 new 64-character prefix blocks), so the prefix index (default LRU capacity 31,250 blocks "
+            "per endpoint, 3 endpoints) is full early and later growth is not the index filling up. The index size "
+            f"is the EPP's `{INDEX_SIZE}` gauge.\n"
+        )
+        if samples:
+            out.append("| requests | EPP VmRSS MiB | prefix index size (blocks) | req/s over the last chunk |")
+            out.append("|---|---|---|---|")
+            for n, kib, rps, size in samples:
+                out.append(f"| {n} | {kib / 1024:.1f} | {size:.0f} | {f'{rps:.0f}' if n else '-'} |")
+            at = {n: kib for n, kib, _, _ in samples}
+            ref = 2 * step
+            if ref in at and samples[-1][0] > ref:
+                last_n, last_kib, _, _ = samples[-1]
+                growth = (last_kib - at[ref]) / 1024
+                out.append(
+                    f"\nGrowth from {ref} to {last_n} requests: {growth:+.1f} MiB "
+                    f"({100 * (last_kib - at[ref]) / at[ref]:+.1f}%); {failed} failed requests.\n"
+                )
+            else:
+                out.append(f"\n(incomplete run; {failed} failed requests)\n")
+        else:
+            out.append("(not measured)\n")
+
+
+def _split_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _loadavg() -> str:
+    return " / ".join(Path("/proc/loadavg").read_text().split()[:2])
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--duration", type=int, default=10, help="seconds per measurement (default 10)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of alternating configurations (default 2)")
-    p.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
-    p.add_argument("--stream-concurrency", type=int, default=8, help="concurrent 1,000-token streams (default 8)")
-    p.add_argument("--part", choices=("1", "2", "all"), default="all")
+    p.add_argument("--part", choices=("1", "2", "3", "4", "all"), default="all")
+    p.add_argument("--smoke", action="store_true", help="a tiny run of parts 3 and 4 (< 1 min), for the test suite")
+    p.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of alternating targets (default 2)")
+    p.add_argument("--rates", type=_split_ints, default=[100, 300, 1000], help="part 3 fixed rates (req/s)")
+    p.add_argument("--open-duration", type=float, default=8.0, help="seconds per open-loop measurement (default 8)")
+    p.add_argument("--search-rates", type=_split_ints, default=[50, 100, 200, 300, 500, 700, 1000])
+    p.add_argument("--search-duration", type=float, default=5.0, help="seconds per search step and target")
+    p.add_argument("--limit-ms", type=float, default=10.0, help="p99 added latency limit of the search (default 10)")
+    p.add_argument("--drain", type=float, default=5.0, help="seconds to wait for answers after the last send")
+    p.add_argument("--peers", action="store_true", help="include sglang-router in a --smoke run")
+    p.add_argument("--no-peers", action="store_true", help="leave sglang-router out")
+    p.add_argument("--rss-requests", type=int, default=100_000, help="part 4 requests (default 100000)")
+    p.add_argument("--rss-connections", type=int, default=16, help="part 4 closed-loop connections (default 16)")
+    p.add_argument("--duration", type=int, default=10, help="parts 1-2: seconds per measurement (default 10)")
+    p.add_argument("--connections", type=int, default=32, help="part 1: wrk connections (default 32)")
+    p.add_argument("--stream-concurrency", type=int, default=8, help="part 2: concurrent 1,000-token streams")
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
-    if shutil.which("wrk") is None and args.part != "2":
-        print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
-        return 2
-    out = [f"## EPP overhead\n\n`python -m benchmarks.overhead {' '.join(argv or sys.argv[1:])}`; {machine()}\n"]
-    parts: list[Callable[[argparse.Namespace, Path, list[str]], None]] = []
-    if args.part in ("1", "all"):
-        parts.append(part1)
-    if args.part in ("2", "all"):
-        parts.append(part2)
+    notes: list[str] = []
+    if args.smoke:
+        args.rates, args.open_duration, args.rounds, args.drain = [100, 300], 1.5, 1, 2.0
+        args.search_rates, args.search_duration, args.rss_requests = [100, 200], 1.5, 2000
+        if args.part == "all":
+            args.part = "3+4"
+            notes.append("smoke run: parts 1 (wrk) and 2 (streaming) skipped.")
+    selected = {"all": "3412", "3+4": "34"}.get(args.part, args.part)
+    if "1" in selected and shutil.which("wrk") is None:
+        selected = selected.replace("1", "")
+        notes.append("part 1 skipped: wrk is not installed (Debian: apt-get install wrk).")
+    for n in notes:
+        print(n, file=sys.stderr)
+    config = {k: v for k, v in sorted(vars(args).items()) if k != "output"}
+    print(f"configuration: {config}", file=sys.stderr, flush=True)
+    shown = command_line("benchmarks.overhead", argv)
+    out = [
+        f"## EPP overhead\n\n`{shown}`; {machine()}\n",
+        f"Configuration: {', '.join(f'{k}={v}' for k, v in config.items())}.\n",
+        *(f"{n}\n" for n in notes),
+    ]
+    parts: dict[str, Callable[[argparse.Namespace, Path, list[str]], None]] = {
+        "1": part1,
+        "2": part2,
+        "3": part_rates,
+        "4": part_rss,
+    }
+    # Ctrl-C and SIGTERM raise KeyboardInterrupt wherever the run is (asyncio.Runner would otherwise turn the first
+    # Ctrl-C into a cancellation of the current measurement only); the parts' finally blocks render what was
+    # measured and the context managers stop every child process.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    status = 0
+    t0 = time.monotonic()
+    load0 = _loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            for part in parts:
-                part(args, Path(tmp), out)
+            for key in selected:
+                parts[key](args, Path(tmp), out)
         except KeyboardInterrupt:
             out.append("(interrupted: partial results)")
+            status = 130
+        except Exception as e:  # a child process died, a port was refused...: keep what was measured
+            out.append(f"(failed: {e!r}; partial results)")
+            status = 1
+    out.append(
+        f"Wall time {time.monotonic() - t0:.0f} s. Load average (1 / 5 min) at the start {load0}, at the end "
+        f"{_loadavg()}: anything above the benchmark's own load means other work shared the cores."
+    )
     report = "\n".join(out)
     print(report)
     if args.output:
         Path(args.output).write_text(report + "\n")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

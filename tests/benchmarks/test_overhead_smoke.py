@@ -1,0 +1,59 @@
+"""`python -m benchmarks.overhead --smoke`: the open-loop EPP-overhead protocol end to end on a tiny budget (real
+Envoys, a real EPP, the Python load generator).  Checks that the report is well-formed, never the figures."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"[+-]?\d+(?:\.\d+)?"
+
+pytestmark = pytest.mark.envoy
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_overhead_smoke_writes_a_well_formed_report(tmp_path: Path) -> None:
+    report = tmp_path / "overhead.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overhead", "--smoke", "--output", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = report.read_text()
+    assert "(interrupted" not in text
+    assert "seed=" in text and "commit " in text
+
+    # fixed rates: three targets (sglang-router only with --peers) at each of the two smoke rates
+    rows = [_cells(line) for line in text.splitlines() if re.match(r"^\| (100|300) \| ", line)]
+    rate_rows = [r for r in rows if len(r) == 12]
+    targets = {r[1] for r in rate_rows}
+    assert {"direct to a backend (floor)", "Envoy ROUND_ROBIN (no EPP)", "Envoy + llm-epp (default)"} <= targets
+    assert {int(r[0]) for r in rate_rows} == {100, 300}
+    for r in rate_rows:
+        assert all(re.fullmatch(NUM, x) for x in r[2:7]), r  # achieved, ok, failed, p50, p99
+        assert re.fullmatch(rf"{NUM} / {NUM}( \(\d+ queued\))?", r[11]), r  # generator lag
+        if r[1] == "Envoy + llm-epp (default)":
+            assert re.fullmatch(rf"{NUM} / {NUM}", r[7]) and re.fullmatch(rf"{NUM} / {NUM}", r[8]), r
+            assert re.fullmatch(NUM, r[9]) and re.fullmatch(NUM, r[10]), r  # EPP, gateway CPU s per 1k requests
+
+    # the rate search: at least one step, and a conclusion
+    search = [_cells(line) for line in text.splitlines() if re.match(r"^\| (100|200) \| ", line)]
+    assert any(len(r) == 7 and re.match(r"pass|FAIL", r[6]) for r in search)
+    assert re.search(r"Highest passing rate: (\*\*\d+ req/s\*\*|none of the steps)", text)
+
+    # resident memory: samples every 10% of the requests, and the growth line
+    rss = re.findall(rf"^\| (\d+) \| ({NUM}) \| (\d+) \| (-|\d+) \|$", text, re.M)
+    assert [int(n) for n, _, _, _ in rss] == list(range(0, 2001, 200))
+    assert all(float(mib) > 0 for _, mib, _, _ in rss)
+    assert re.search(rf"Growth from 400 to 2000 requests: {NUM} MiB", text)
