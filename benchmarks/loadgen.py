@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from llm_epp.sim.cluster import StageStats, percentile
+from llm_epp.sim.cluster import StageStats, summarize_stage
 from llm_epp.sim.workload import Prompt, Stage
 
 __all__ = ["LiveResult", "PodCounters", "make_body", "run_stage", "scrape_pods", "stage_stats"]
@@ -51,6 +51,14 @@ class LiveResult:
     @property
     def failed(self) -> bool:
         return bool(self.error) or self.status != 200 or self.text_chunks == 0
+
+    @property
+    def arrival(self) -> float:
+        return self.start
+
+    @property
+    def finish(self) -> float:
+        return self.end
 
     @property
     def ttft(self) -> float:
@@ -213,11 +221,6 @@ def stage_stats(
     ``vllm:request_success_total`` counters over the stage.
     """
     done = [r for r in results if not r.failed]
-    start = min((r.start for r in results), default=0.0)
-    end = max((r.end for r in done), default=start)
-    window = end - start
-    queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
-    hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
     index = {name: i for i, name in enumerate(pod_names)}
     if done and all(r.pod in index for r in done):
         per_pod = [0] * len(pod_names)
@@ -227,27 +230,11 @@ def stage_stats(
         if on_unknown_pod is not None:
             on_unknown_pod()
         per_pod = [round(a.successes - b.successes) for a, b in zip(after, before, strict=True)]
-    ttfts = [r.ttft for r in done]
-    itls = [r.itl for r in done if r.text_chunks > 1]
-    e2es = [r.e2e for r in done]
-    return StageStats(
-        rate=stage.rate,
-        duration=stage.duration,
-        requests=len(results),
-        failures=len(results) - len(done),
-        start=start,
-        end=end,
-        req_per_s=len(done) / window if window > 0 else math.nan,
-        output_tokens_per_s=sum(r.completion_tokens for r in done) / window if window > 0 else math.nan,
-        ttft_mean=sum(ttfts) / len(ttfts) if ttfts else math.nan,
-        ttft_p50=percentile(ttfts, 50),
-        ttft_p90=percentile(ttfts, 90),
-        ttft_p99=percentile(ttfts, 99),
-        itl_mean=sum(itls) / len(itls) if itls else math.nan,
-        itl_p50=percentile(itls, 50),
-        e2e_p50=percentile(e2es, 50),
-        prefix_hit_rate=hits / queries if queries else 0.0,
-        requests_per_pod=tuple(per_pod),
+    return summarize_stage(
+        stage,
+        results,
+        requests_per_pod=per_pod,
+        prefix_hits=sum(a.hits - b.hits for a, b in zip(after, before, strict=True)),
+        prefix_queries=sum(a.queries - b.queries for a, b in zip(after, before, strict=True)),
         preemptions=round(sum(a.preemptions - b.preemptions for a, b in zip(after, before, strict=True))),
-        mean_concurrency_per_pod=sum(e2es) / (window * len(pod_names)) if window > 0 else math.nan,
     )

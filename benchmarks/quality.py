@@ -105,6 +105,16 @@ class Scenario:
     compare_rate: float = 0.0
     """The stage rate whose figures are set beside the published anchor (0: the last stage)."""
 
+    def workload(self, seed: int) -> SharedPrefixWorkload:
+        return SharedPrefixWorkload(
+            num_groups=self.num_groups,
+            prompts_per_group=self.prompts_per_group,
+            system_prompt_len=self.system_prompt_len,
+            question_len=self.question_len,
+            output_len=self.output_len,
+            seed=seed,
+        )
+
 
 ANCHOR_LADDER = (
     (3, 20), (10, 20), (15, 20), (20, 38), (22, 34), (25, 30), (30, 25), (35, 21),
@@ -141,21 +151,18 @@ class RouterRun:
     error: str | None = None
 
 
+def router_spec(label: str, best_config: str | None) -> tuple[str, str | None]:
+    """The router kind and configuration text behind ``label`` (``--best-config`` replaces the best one's)."""
+    kind, config = ROUTERS[label]
+    return kind, best_config if label == "llm-epp best" and best_config is not None else config
+
+
 def run_one(label: str, scenario: Scenario, seed: int, best_config: str | None) -> RouterRun:
     """Plays ``scenario`` through the router called ``label`` on fresh pods (runs in a worker process)."""
-    kind, config = ROUTERS[label]
-    if label == "llm-epp best" and best_config is not None:
-        config = best_config
+    kind, config = router_spec(label, best_config)
     started = time.perf_counter()
     run = RouterRun(label, scenario.pods, seed)
-    workload = SharedPrefixWorkload(
-        num_groups=scenario.num_groups,
-        prompts_per_group=scenario.prompts_per_group,
-        system_prompt_len=scenario.system_prompt_len,
-        question_len=scenario.question_len,
-        output_len=scenario.output_len,
-        seed=seed,
-    )
+    workload = scenario.workload(seed)
     cluster = Cluster(get_profile(scenario.profile), scenario.pods)
     router = make_router(kind, scenario.pods, seed=seed, config_text=config)
     total = len(scenario.stages)
@@ -220,17 +227,8 @@ def run_steady(
 ) -> SteadyRow:
     """The scenario's warm-up stage, then ``rate`` QPS for ``seconds`` (one Poisson stage, drained at the end);
     figures from the requests arriving after ``skip`` seconds of it."""
-    kind, config = ROUTERS[label]
-    if label == "llm-epp best" and best_config is not None:
-        config = best_config
-    workload = SharedPrefixWorkload(
-        num_groups=scenario.num_groups,
-        prompts_per_group=scenario.prompts_per_group,
-        system_prompt_len=scenario.system_prompt_len,
-        question_len=scenario.question_len,
-        output_len=scenario.output_len,
-        seed=seed,
-    )
+    kind, config = router_spec(label, best_config)
+    workload = scenario.workload(seed)
     cluster = Cluster(get_profile(scenario.profile), scenario.pods)
     router = make_router(kind, scenario.pods, seed=seed, config_text=config)
     stages = (*scenario.stages[: scenario.warmup_stages], Stage(rate, seconds))

@@ -37,7 +37,7 @@ import math
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llm_epp.config.loader import LoadedConfig, load_config_text
 from llm_epp.framework import (
@@ -66,6 +66,7 @@ __all__ = [
     "EppRouter",
     "LeastQueueRouter",
     "LocalityBoundRouter",
+    "MeasuredRequest",
     "RandomRouter",
     "RequestResult",
     "RoundRobinRouter",
@@ -75,6 +76,7 @@ __all__ = [
     "StageStats",
     "make_router",
     "percentile",
+    "summarize_stage",
 ]
 
 DEFAULT_SCRAPE_INTERVAL = 0.05
@@ -363,6 +365,11 @@ class RequestResult:
             return 0.0
         return (self.finish - self.first_token) / (self.completion_tokens - 1)
 
+    @property
+    def itl(self) -> float:
+        """Mean inter-token latency; NaN for a single-token answer (what :func:`summarize_stage` reads)."""
+        return self.itl_mean if self.completion_tokens > 1 else math.nan
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100), linear interpolation between closest ranks; NaN when empty."""
@@ -416,24 +423,45 @@ class RunResult:
     requests: list[RequestResult] = field(default_factory=list)
 
 
-def _stage_stats(
+class MeasuredRequest(Protocol):
+    """What :func:`summarize_stage` reads of a request, however it was measured (virtual or wall seconds)."""
+
+    @property
+    def arrival(self) -> float: ...
+    @property
+    def finish(self) -> float: ...
+    @property
+    def ttft(self) -> float: ...
+    @property
+    def e2e(self) -> float: ...
+    @property
+    def itl(self) -> float:
+        """Mean gap between output tokens; NaN with fewer than two."""
+        ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def failed(self) -> bool: ...
+
+
+def summarize_stage(
     stage: Stage,
-    results: Sequence[RequestResult],
-    num_pods: int,
-    before: Sequence[EngineMetrics],
-    after: Sequence[EngineMetrics],
+    results: Sequence[MeasuredRequest],
+    *,
+    requests_per_pod: Sequence[int],
+    prefix_hits: float,
+    prefix_queries: float,
+    preemptions: int,
 ) -> StageStats:
+    """One stage's figures from its requests and the pods' counters over the stage (the virtual-time cluster
+    and the live benchmark share it, so their tables mean the same)."""
     done = [r for r in results if not r.failed]
     start = min((r.arrival for r in results), default=0.0)
     end = max((r.finish for r in done), default=start)
     window = end - start
-    queries = sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True))
-    hits = sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True))
-    per_pod = [0] * num_pods
-    for r in done:
-        per_pod[r.pod] += 1
     ttfts = [r.ttft for r in done]
-    itls = [r.itl_mean for r in done if r.completion_tokens > 1]
+    itls = [r.itl for r in done if not math.isnan(r.itl)]
     e2es = [r.e2e for r in done]
     return StageStats(
         rate=stage.rate,
@@ -452,10 +480,31 @@ def _stage_stats(
         itl_p50=percentile(itls, 50),
         e2e_p50=percentile(e2es, 50),
         e2e_mean=_mean(e2es),
-        prefix_hit_rate=hits / queries if queries else 0.0,
-        requests_per_pod=tuple(per_pod),
-        preemptions=sum(r.preemptions for r in done),
-        mean_concurrency_per_pod=sum(e2es) / (window * num_pods) if window > 0 else math.nan,
+        prefix_hit_rate=prefix_hits / prefix_queries if prefix_queries else 0.0,
+        requests_per_pod=tuple(requests_per_pod),
+        preemptions=preemptions,
+        mean_concurrency_per_pod=sum(e2es) / (window * len(requests_per_pod)) if window > 0 else math.nan,
+    )
+
+
+def _stage_stats(
+    stage: Stage,
+    results: Sequence[RequestResult],
+    num_pods: int,
+    before: Sequence[EngineMetrics],
+    after: Sequence[EngineMetrics],
+) -> StageStats:
+    per_pod = [0] * num_pods
+    for r in results:
+        if not r.failed:
+            per_pod[r.pod] += 1
+    return summarize_stage(
+        stage,
+        results,
+        requests_per_pod=per_pod,
+        prefix_hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)),
+        prefix_queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True)),
+        preemptions=sum(r.preemptions for r in results if not r.failed),
     )
 
 
