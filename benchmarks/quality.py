@@ -344,9 +344,11 @@ def headline(runs: Sequence[RouterRun], scenario: Scenario) -> list[str]:
     ]
     for r in runs:
         s = _compare_stage(r, scenario)
-        qps = max_qps_at_slo(r.stages, scenario.warmup_stages)
+        measured = [st.rate for st in r.stages[scenario.warmup_stages :]]
+        best = max_qps_at_slo(r.stages, scenario.warmup_stages)
+        qps = f"< {min(measured):g}" if best == 0 and measured else _fmt(best, 0)
         if s is None:
-            out.append(f"| {r.label} | {_fmt(qps, 0)} | - | - | - | - | - | - | - |")
+            out.append(f"| {r.label} | {qps} | - | - | - | - | - | - | - |")
             continue
         d_rps = d_ttft = "-"
         if base_stage is not None:
@@ -354,7 +356,7 @@ def headline(runs: Sequence[RouterRun], scenario: Scenario) -> list[str]:
             d_ttft = f"{s.ttft_mean / base_stage.ttft_mean - 1:+.1%}"
         done = max(s.requests - s.failures, 1)
         out.append(
-            f"| {r.label} | {_fmt(qps, 0)} | {_fmt(s.req_per_s)} | {d_rps} | {_fmt(s.ttft_mean)} | {d_ttft} | "
+            f"| {r.label} | {qps} | {_fmt(s.req_per_s)} | {d_rps} | {_fmt(s.ttft_mean)} | {d_ttft} | "
             f"{_fmt(s.itl_mean * 1000, 1)} | {s.prefix_hit_rate:.3f} | {s.preemptions / done:.2f} |"
         )
     return out
