@@ -39,10 +39,10 @@ proto: $(STAMP)
 bench-smoke: $(STAMP)  # every benchmark at a tiny size, checked for well-formed output (< 3 min; also in `make test`)
 	$(BIN)/pytest -q tests/benchmarks
 
-bench-quality: $(STAMP)  # routing quality in virtual time: 8 pods x 6 routers, then 32 and 128 pods (~30 min)
+bench-quality: $(STAMP)  # routing quality in virtual time: 8 pods x 6 routers, then 32 and 128 pods (~45 min)
 	$(BIN)/python -m benchmarks.quality
 
-bench-calibrate: $(STAMP)  # round-robin vs the published baseline, and the +-30% sensitivity table (~15 min)
+bench-calibrate: $(STAMP)  # round-robin vs the published baseline, and the +-30% sensitivity table (~10 min)
 	$(BIN)/python -m benchmarks.calibrate --sensitivity --output benchmarks/results/calibration.md
 
 bench-live: $(STAMP)  # real Envoy + simulated pods: round robin, llm-epp, sglang-router, vllm-router (~12 min)
