@@ -123,6 +123,17 @@ class Setup:
         """The headline's TTFT p90 bound in wall seconds."""
         return self.slo_ttft_modelled * self.time_scale
 
+    def workload(self) -> SharedPrefixWorkload:
+        """The seeded shared-prefix prompts (a fresh cycle every call)."""
+        return SharedPrefixWorkload(
+            num_groups=self.groups,
+            prompts_per_group=self.prompts_per_group,
+            system_prompt_len=self.system_len,
+            question_len=self.question_len,
+            output_len=self.output_len,
+            seed=self.seed,
+        )
+
     def describe(self) -> list[str]:
         p = live_profile(self.kv_tokens, self.max_num_seqs)
         stages = ", ".join(f"{s.rate:g} req/s x {s.duration:g} s ({s.num_requests} req)" for s in self.stages)
@@ -329,14 +340,7 @@ class Plan:
 
 
 def make_plan(setup: Setup) -> Plan:
-    workload = SharedPrefixWorkload(
-        num_groups=setup.groups,
-        prompts_per_group=setup.prompts_per_group,
-        system_prompt_len=setup.system_len,
-        question_len=setup.question_len,
-        output_len=setup.output_len,
-        seed=setup.seed,
-    )
+    workload = setup.workload()
     offsets = stage_offsets(setup.stages, setup.seed)
     prompts = [[workload.next_prompt() for _ in range(s.num_requests)] for s in setup.stages]
     bodies = [[make_body(MODEL, p) for p in stage] for stage in prompts]
@@ -562,14 +566,7 @@ def virtual_runs(setup: Setup, best_config: str) -> list[RouterRun]:
         if name not in VIRTUAL_ROUTERS:
             continue
         kind, best = VIRTUAL_ROUTERS[name]
-        workload = SharedPrefixWorkload(
-            num_groups=setup.groups,
-            prompts_per_group=setup.prompts_per_group,
-            system_prompt_len=setup.system_len,
-            question_len=setup.question_len,
-            output_len=setup.output_len,
-            seed=setup.seed,
-        )
+        workload = setup.workload()
         router = make_router(kind, setup.pods, seed=setup.seed, config_text=best_config if best else None)
         result = Cluster(profile, num_pods=setup.pods).run(workload, modelled, router, seed=setup.seed)
         run = RouterRun(name)
