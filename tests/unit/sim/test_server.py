@@ -31,12 +31,6 @@ async def server() -> AsyncIterator[SimServer]:
         yield srv
 
 
-@pytest.fixture
-async def client(server: SimServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
-        yield c
-
-
 async def test_sse_completions_format(client: httpx.AsyncClient) -> None:
     body = {"model": "m", "prompt": PROMPT, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", "/v1/completions", json=body) as r:

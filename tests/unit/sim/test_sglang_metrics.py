@@ -64,12 +64,6 @@ async def server() -> AsyncIterator[SimServer]:
         yield srv
 
 
-@pytest.fixture
-async def client(server: SimServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
-        yield c
-
-
 def _values(text: str) -> dict[str, float]:
     """Sample name -> value of every sample on a page except histogram buckets (one series per name here)."""
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if "le" not in s.labels}
