@@ -24,6 +24,16 @@ from llm_epp.framework.types import Endpoint, InferenceRequest, SchedulingResult
 # them into the request's CycleState; the protocol adapter adds them to its response-headers answer.
 RESPONSE_HEADERS_KEY: StateKey[dict[str, str]] = StateKey("response-headers")
 
+# Headers plugins want set on the upstream request (name -> value), e.g. P/D's `x-prefiller-host-port`. A
+# PreRequest hook writes them; the protocol adapter sets them on the routed request and drops any copy the
+# client sent, so a client can never choose them.
+REQUEST_HEADERS_KEY: StateKey[dict[str, str]] = StateKey("request-headers")
+
+# Dynamic metadata plugins want attached to the response (namespace -> key -> value), e.g.
+# `envoy.lb` / `x-gateway-inference-request-cost`. Written by ResponseComplete hooks, which the adapter runs
+# before it answers the last response message, so the metadata rides on that answer.
+RESPONSE_METADATA_KEY: StateKey[dict[str, dict[str, object]]] = StateKey("response-metadata")
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:

@@ -135,6 +135,9 @@ class ApiKind(enum.Enum):
     RESPONSES = "responses"
     CONVERSATIONS = "conversations"
     EMBEDDINGS = "embeddings"
+    MESSAGES = "messages"  # Anthropic Messages API
+    GENERATE = "generate"  # vLLM /inference/v1/generate, SGLang /generate, vLLM gRPC Generate (token ids)
+    OPAQUE = "opaque"  # a body the parser does not interpret (passthrough): routed without payload signals
     NONE = "none"  # no body (GET /v1/models, health checks)
 
 
@@ -146,6 +149,7 @@ class RequestBody:
     payload: Mapping[str, Any] = field(default_factory=_empty)
     stream: bool = False
     cache_salt: str = ""
+    token_ids: tuple[int, ...] = ()  # pre-tokenized prompts (GENERATE), first prompt of a batch
 
 
 @dataclass(frozen=True, slots=True)
