@@ -5,6 +5,7 @@ For drop-in use in place of the reference EPP, flags given without a subcommand 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -230,12 +231,15 @@ def _config_check(args: argparse.Namespace) -> int:
     from llm_epp.framework import NullRecorder
     from llm_epp.plugins import builtin_registry
 
+    logging.getLogger("llm_epp.config").addHandler(logging.NullHandler())  # warnings are printed below
     try:
-        loaded = load_config(args.file, builtin_registry(), NullRecorder())
+        loaded = load_config(args.file, builtin_registry(), NullRecorder(), strict=args.strict)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
-    print(f"{args.file}: valid")
+    for w in loaded.warnings:
+        print(f"{args.file}: warning: {w}", file=sys.stderr)
+    print(f"{args.file}: valid{' with warnings' if loaded.warnings else ''}")
     print(loaded.describe())
     return 0
 
@@ -255,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a config file and print the resolved profiles")
     check.add_argument("file")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on unknown plugin parameters (llm-d-router rejects them; GIE v1.5.0 ignores them)",
+    )
     return parser
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import difflib
 import logging
+import sys
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from llm_epp.config.defaults import DEFAULT_CONFIG
-from llm_epp.config.schema import FEATURE_GATES, EndpointPickerConfigSpec
+from llm_epp.config import graph
+from llm_epp.config.defaults import DEFAULT_CONFIG, DEFAULT_PRODUCERS
+from llm_epp.config.gates import FLOW_CONTROL_UNSUPPORTED, resolve_gates
+from llm_epp.config.schema import GIE_API_VERSION, LLM_D_API_VERSIONS, EndpointPickerConfigSpec
 from llm_epp.framework import (
     Endpoint,
     Filter,
@@ -29,7 +32,8 @@ from llm_epp.framework import (
 )
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.registry import PluginLoadError, PluginParamsError, UnknownPluginTypeError
+from llm_epp.framework.parsing import Parser
+from llm_epp.framework.registry import PluginLoadError, PluginParamsError, UnknownParam, UnknownPluginTypeError
 from llm_epp.framework.requestcontrol import (
     Admission,
     PrepareData,
@@ -42,7 +46,7 @@ from llm_epp.scheduling.profile import TOTAL
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_PARSERS = ("openai-parser",)
+DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 DEFAULT_DATA_SOURCE = "metrics-data-source"
 DEFAULT_EXTRACTOR = "core-metrics-extractor"  # the reference instantiates it when none is configured
@@ -66,6 +70,14 @@ class ProfileDescription:
     picker: str
 
 
+@dataclass(frozen=True, slots=True)
+class DataSourceBinding:
+    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order."""
+
+    source: DataSource
+    extractors: tuple[Extractor, ...]
+
+
 @dataclass
 class LoadedConfig:
     spec: EndpointPickerConfigSpec
@@ -76,13 +88,24 @@ class LoadedConfig:
     profiles: list[ProfileDescription]
     handler_name: str
     saturation: SaturationDetector | None = None
-    data_source: DataSource | None = None  # None: no metrics collection
-    extractor: Extractor | None = None
-    prepare_data: list[PrepareData] = field(default_factory=list)
+    data_sources: list[DataSourceBinding] = field(default_factory=list)  # empty: no metrics collection
+    parsers: list[Parser] = field(default_factory=list)  # empty: the director's default parsers
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # accepted, but worth fixing (`config check --strict` fails)
+    prepare_data: list[PrepareData] = field(default_factory=list)  # producers before their consumers
     admission: list[Admission] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+
+    @property
+    def data_source(self) -> DataSource | None:
+        """The polled metrics source (the runtime runs one), or None: no metrics collection."""
+        return self.data_sources[0].source if self.data_sources else None
+
+    @property
+    def extractor(self) -> Extractor | None:
+        return self.data_sources[0].extractors[0] if self.data_sources else None
 
     def describe(self) -> str:
         """A human-readable summary of the resolved configuration (`llm-epp config check`)."""
@@ -92,12 +115,21 @@ class LoadedConfig:
             params = self.plugin_params.get(name) or {}
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             out.append(f"  {name} ({ptype}){': ' + shown if shown else ''}")
+        on = [g for g, v in self.feature_gates.items() if v]
+        if on:
+            out.append(f"feature gates on: {', '.join(on)}")
         if self.saturation is not None:
             out.append(f"saturation detector: {self.saturation.typed_name}")
-        if self.data_source is not None and self.extractor is not None:
-            out.append(f"metrics: {self.data_source.typed_name} -> {self.extractor.typed_name}")
+        if self.parsers:
+            out.append(f"parsers: {', '.join(str(p.typed_name) for p in self.parsers)}")
         else:
+            out.append("parsers: the built-in OpenAI parsing")
+        for b in self.data_sources:
+            out.append(f"metrics: {b.source.typed_name} -> {', '.join(str(e.typed_name) for e in b.extractors)}")
+        if not self.data_sources:
             out.append("metrics: not collected")
+        if self.prepare_data:
+            out.append(f"prepare data: {', '.join(str(p.typed_name) for p in self.prepare_data)}")
         for p in self.profiles:
             out.append(f"profile {p.name}:")
             for f in p.filters:
@@ -181,41 +213,6 @@ def _schema_problems(err: ValidationError) -> list[str]:
     return problems
 
 
-PREFIX_SCORER = "prefix-cache-scorer"
-PREFIX_CONSUMERS = frozenset({PREFIX_SCORER, "prefix-cache-affinity-filter", "no-hit-lru-scorer"})
-PREFIX_PRODUCER = "approx-prefix-cache-producer"
-
-
-def _add_prefix_producer(
-    spec: EndpointPickerConfigSpec,
-    registry: Registry,
-    handle: _LoaderHandle,
-    plugins: dict[str, Plugin],
-    types: dict[str, str],
-    params: dict[str, dict[str, Any]],
-    seen_names: set[str],
-    problems: list[str],
-) -> None:
-    """As the reference: a prefix-cache-scorer without an approx-prefix-cache-producer gets one, built with
-    the (last) scorer's parameters, which both plugins accept.  The other plugins that read the producer's
-    prefix match (prefix-cache-affinity-filter, no-hit-lru-scorer) would silently see "no prefix data" without
-    it, so configured without any prefix-cache-scorer they get one with the default parameters."""
-    consumers = [t for t in types.values() if t in PREFIX_CONSUMERS]
-    if PREFIX_PRODUCER in types.values() or not consumers or PREFIX_PRODUCER not in registry:
-        return
-    scorer_params = [params[name] for name, t in types.items() if t == PREFIX_SCORER]
-    producer_params = scorer_params[-1] if scorer_params else {}
-    for_whom = PREFIX_SCORER if scorer_params else consumers[0]
-    name = _unused_name(PREFIX_PRODUCER, seen_names)
-    try:
-        plugins[name] = registry.build(PREFIX_PRODUCER, name, producer_params or None, handle)
-    except (PluginParamsError, ValueError) as e:
-        problems.append(f"plugins: the {PREFIX_PRODUCER} created for {for_whom} failed: {e}")
-        return
-    types[name] = PREFIX_PRODUCER
-    params[name] = dict(producer_params)
-
-
 def _unused_name(base: str, taken: set[str]) -> str:
     name, n = base, 1
     while name in taken:
@@ -230,13 +227,14 @@ def load_config(
     registry: Registry,
     recorder: Recorder,
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
+    strict: bool = False,
 ) -> LoadedConfig:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(str(p), [f"cannot read the file: {e.strerror}"]) from None
-    return load_config_text(text, registry, recorder, endpoints, source=str(p))
+    return load_config_text(text, registry, recorder, endpoints, source=str(p), strict=strict)
 
 
 def load_config_text(
@@ -246,11 +244,13 @@ def load_config_text(
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
     source: str = "--config-text",
     clock: Callable[[], float] = time.monotonic,
+    strict: bool = False,
 ) -> LoadedConfig:
     """Parses and builds an EndpointPickerConfig (``None`` or blank: the default configuration).
 
     ``clock`` is what plugins get from ``handle.now()`` (monotonic seconds, the time base of
-    ``Metrics.update_time``); a simulator passes its virtual clock."""
+    ``Metrics.update_time``); a simulator passes its virtual clock. ``strict``: unknown plugin parameters
+    are errors (llm-d-router's rule) instead of warnings (GIE v1.5.0 ignores them)."""
     if text is None or not text.strip():
         text, source = DEFAULT_CONFIG, "the default configuration"
     try:
@@ -260,14 +260,14 @@ def load_config_text(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
     if raw is None:  # only comments
-        return load_config_text(None, registry, recorder, endpoints, clock=clock)
+        return load_config_text(None, registry, recorder, endpoints, clock=clock, strict=strict)
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
     try:
         spec = EndpointPickerConfigSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(source, _schema_problems(err)) from None
-    return _build(spec, registry, recorder, endpoints, source, clock)
+    return _build(spec, registry, recorder, endpoints, source, clock, strict)
 
 
 def _build(
@@ -277,17 +277,25 @@ def _build(
     endpoints: Callable[[], Sequence[Endpoint]],
     source: str,
     clock: Callable[[], float],
+    strict: bool = False,
 ) -> LoadedConfig:
     problems: list[str] = []
-    for i, gate in enumerate(spec.feature_gates):
-        if gate not in FEATURE_GATES:
-            problems.append(f"featureGates[{i}]: unknown feature gate {gate!r}; known: {', '.join(FEATURE_GATES)}")
+    warnings: list[str] = []
+    if spec.api_version == GIE_API_VERSION and "apiVersion" in spec.model_fields_set:
+        log.info("config_api_version_deprecated apiVersion=%s replacement=llm-d.ai/v1alpha1", spec.api_version)
+    gates = resolve_gates(spec.feature_gates)
+    problems += gates.problems
+    warnings += gates.warnings
+    fc = spec.flow_control
+    if fc is not None and fc.settings():
+        problems.append(f"flowControl ({', '.join(fc.settings())}): {FLOW_CONTROL_UNSUPPORTED}")
 
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
     handle = _LoaderHandle(plugins, endpoints, recorder, clock)
     seen_names: set[str] = set()
+    declared = {ps.name or ps.type for ps in spec.plugins}
     for i, ps in enumerate(spec.plugins):
         name = ps.name or ps.type
         if name in seen_names:
@@ -297,8 +305,9 @@ def _build(
         if name == TOTAL:
             problems.append(f"plugins[{i}].name: {TOTAL!r} is reserved for the summed score; choose another name")
             continue
+        unknown: list[UnknownParam] = []
         try:
-            plugins[name] = registry.build(ps.type, name, ps.parameters, handle)
+            plugins[name] = registry.build(ps.type, name, ps.parameters, handle, unknown)
         except (UnknownPluginTypeError, PluginLoadError) as e:
             problems.append(f"plugins[{i}].type: {e}")
             continue
@@ -309,10 +318,36 @@ def _build(
         except Exception as e:  # a plugin's own factory failed: report it with the others
             problems.append(f"plugins[{i}]: creating {name!r} ({ps.type}) failed: {e!r}")
             continue
+        for u in unknown:
+            hint = f"; did you mean {u.suggestion!r}?" if u.suggestion else ""
+            if strict:
+                problems.append(f"plugins[{i}].parameters.{u.path}: unknown parameter of {name!r} ({ps.type}){hint}")
+            else:
+                warnings.append(
+                    f"plugins[{i}].parameters.{u.path}: unknown parameter of {name!r} ({ps.type}), ignored{hint}"
+                )
         types[name] = ps.type
         params[name] = dict(ps.parameters or {})
 
-    _add_prefix_producer(spec, registry, handle, plugins, types, params, seen_names, problems)
+    def build_default(plugin_type: str, raw: Mapping[str, Any] | None) -> tuple[str, Plugin] | str:
+        name = _unused_name(plugin_type, seen_names)
+        try:
+            return name, registry.build(plugin_type, name, raw, handle)
+        except (PluginParamsError, ValueError, UnknownPluginTypeError) as e:
+            return str(e)
+
+    def params_extend(consumer_type: str, producer_type: str) -> bool:
+        return issubclass(registry.entry(consumer_type).params_model, registry.entry(producer_type).params_model)
+
+    producers = {**DEFAULT_PRODUCERS, **registry.default_producers()}
+    problems += graph.add_missing_producers(plugins, types, params, producers, params_extend, build_default)
+
+    def add_default(plugin_type: str) -> Plugin:
+        auto_name = _unused_name(plugin_type, seen_names)
+        built = registry.build(plugin_type, auto_name, None, handle)
+        plugins[auto_name] = built
+        types[auto_name] = plugin_type
+        return built
 
     profile_specs = [(p.name, [(r.plugin_ref, r.weight) for r in p.plugins]) for p in spec.scheduling_profiles]
     if not profile_specs:
@@ -336,7 +371,7 @@ def _build(
         for j, (ref, weight) in enumerate(prefs):
             plugin = plugins.get(ref)
             if plugin is None:
-                if ref not in {s.name or s.type for s in spec.plugins}:
+                if ref not in declared:
                     problems.append(f"{where}.plugins[{j}].pluginRef: no plugin named {ref!r} is defined under plugins")
                 continue
             used = False
@@ -359,15 +394,9 @@ def _build(
             continue
         if not pickers:
             existing = [p for p in plugins.values() if isinstance(p, Picker)]
-            if existing:
-                pickers = existing[:1]
-            else:
-                auto_name = _unused_name("max-score-picker", seen_names)
-                auto = registry.build("max-score-picker", auto_name, None, handle)
-                assert isinstance(auto, Picker)
-                plugins[auto_name] = auto
-                types[auto_name] = "max-score-picker"
-                pickers = [auto]
+            auto = existing[0] if existing else add_default("max-score-picker")
+            assert isinstance(auto, Picker)
+            pickers = [auto]
         picker = pickers[0]
         profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder)
         descriptions.append(
@@ -387,12 +416,9 @@ def _build(
     elif handlers:
         handler = handlers[0]
     elif len(profile_specs) == 1:
-        auto_name = _unused_name("single-profile-handler", seen_names)
-        built = registry.build("single-profile-handler", auto_name, None, handle)
+        built = add_default("single-profile-handler")
         assert isinstance(built, ProfileHandler)
         handler = built
-        plugins[auto_name] = built
-        types[auto_name] = "single-profile-handler"
     else:
         problems.append(
             f"schedulingProfiles: {len(profile_specs)} profiles need a profile handler plugin that can run them"
@@ -404,63 +430,11 @@ def _build(
             f"but {len(profile_specs)} are configured"
         )
 
-    if spec.parser is not None and spec.parser.plugin_ref not in _SUPPORTED_PARSERS:
-        ref = spec.parser.plugin_ref
-        if types.get(ref) not in _SUPPORTED_PARSERS:
-            problems.append(f"parser.pluginRef: {ref!r} is not supported; use one of {', '.join(_SUPPORTED_PARSERS)}")
-    saturation: SaturationDetector | None = None
-    if spec.saturation_detector is not None:
-        ref = spec.saturation_detector.plugin_ref
-        detector = plugins.get(ref)
-        if detector is None:
-            problems.append(f"saturationDetector.pluginRef: no plugin named {ref!r} is defined")
-        elif not isinstance(detector, SaturationDetector):
-            problems.append(f"saturationDetector.pluginRef: {ref!r} ({types[ref]}) is not a saturation detector")
-        else:
-            saturation = detector
-    elif DEFAULT_SATURATION_DETECTOR in registry:
-        auto_name = _unused_name(DEFAULT_SATURATION_DETECTOR, seen_names)
-        built = registry.build(DEFAULT_SATURATION_DETECTOR, auto_name, None, handle)
-        if isinstance(built, SaturationDetector):
-            saturation = built
-    data_source: DataSource | None = None
-    extractor: Extractor | None = None
-    if spec.data_layer is not None:
-        if len(spec.data_layer.sources) > 1:
-            problems.append("dataLayer.sources: only one metrics source is supported")
-        for i, src in enumerate(spec.data_layer.sources):
-            where = f"dataLayer.sources[{i}]"
-            source_plugin = plugins.get(src.plugin_ref)
-            if source_plugin is None:
-                problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
-            elif not isinstance(source_plugin, DataSource):
-                problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
-            else:
-                data_source = source_plugin
-            if len(src.extractors) != 1:
-                problems.append(f"{where}.extractors: exactly one extractor is supported per source")
-            for j, ex in enumerate(src.extractors):
-                ex_plugin = plugins.get(ex.plugin_ref)
-                if ex_plugin is None:
-                    problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
-                elif not isinstance(ex_plugin, Extractor):
-                    problems.append(
-                        f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
-                        "extractor"
-                    )
-                elif extractor is None:
-                    extractor = ex_plugin
-        collect = bool(spec.data_layer.sources)
-    else:  # omitted: the default source and extractor (plugins named like their types are reused)
-        collect = True
-        for default_type in (DEFAULT_DATA_SOURCE, DEFAULT_EXTRACTOR):
-            default_plugin = plugins.get(default_type)
-            if default_plugin is None and default_type in registry:
-                default_plugin = registry.build(default_type, _unused_name(default_type, seen_names), None, handle)
-            if isinstance(default_plugin, DataSource):
-                data_source = default_plugin
-            elif isinstance(default_plugin, Extractor):
-                extractor = default_plugin
+    parsers = _resolve_parsers(spec, registry, plugins, types, add_default, problems)
+    saturation = _resolve_saturation(spec, registry, plugins, types, add_default, problems)
+    data_sources = _resolve_data_layer(spec, registry, plugins, types, add_default, problems)
+    order, graph_problems = graph.data_order(plugins, types)
+    problems += graph_problems
 
     if problems:
         raise ConfigError(source, problems)
@@ -474,10 +448,13 @@ def _build(
         profiles=descriptions,
         handler_name=handler.typed_name.name,
         saturation=saturation,
-        data_source=data_source if collect else None,
-        extractor=extractor if collect else None,
+        data_sources=data_sources,
+        parsers=parsers,
+        feature_gates=gates.values,
+        warnings=warnings,
     )
-    for p in plugins.values():
+    for name in order:
+        p = plugins[name]
         if isinstance(p, PrepareData):
             loaded.prepare_data.append(p)
         if isinstance(p, Admission):
@@ -488,4 +465,183 @@ def _build(
             loaded.response_received.append(p)
         if isinstance(p, ResponseComplete):
             loaded.response_complete.append(p)
+    warnings += _unused(loaded, spec)
+    for w in warnings:
+        log.warning("config_warning source=%s %s", source, w)
     return loaded
+
+
+def _resolve_parsers(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+) -> list[Parser]:
+    """`requestHandler.parsers` (llm-d-router), else GIE's `parser`. A reference to no declared plugin
+    creates a plugin of that type, as upstream does for its default parsers; `openai-parser` stands for
+    the director's built-in OpenAI parsing until it is a registered plugin."""
+    if spec.request_handler is not None and spec.request_handler.parsers:
+        refs = [(f"requestHandler.parsers[{i}]", r.plugin_ref) for i, r in enumerate(spec.request_handler.parsers)]
+    elif spec.parser is not None:
+        refs = [("parser", spec.parser.plugin_ref)]
+    else:
+        return []
+    out: list[Parser] = []
+    for where, ref in refs:
+        plugin = plugins.get(ref)
+        if plugin is None and ref in registry:
+            plugin = add_default(ref)
+        if plugin is None:
+            if ref == DEFAULT_PARSER:
+                continue
+            problems.append(
+                f"{where}.pluginRef: no plugin named {ref!r} is defined and it is not a parser type; declare it "
+                "under plugins"
+            )
+        elif not isinstance(plugin, Parser):
+            problems.append(f"{where}.pluginRef: {ref!r} ({types[plugin.typed_name.name]}) is not a parser")
+        else:
+            out.append(plugin)
+    return out
+
+
+def _resolve_saturation(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+) -> SaturationDetector | None:
+    """`flowControl.saturationDetector` (llm-d-router), else `saturationDetector` (GIE); unset or empty means
+    `utilization-detector`, which is created when no plugin of that name is declared."""
+    fc = spec.flow_control
+    if fc is not None and fc.saturation_detector is not None:
+        where, ref = "flowControl.saturationDetector", fc.saturation_detector.plugin_ref
+        if spec.saturation_detector is not None:
+            log.info("config_saturation_detector_deprecated the top-level saturationDetector is ignored")
+    elif spec.saturation_detector is not None:
+        where, ref = "saturationDetector", spec.saturation_detector.plugin_ref
+    else:
+        where, ref = "saturationDetector", ""
+    ref = ref or DEFAULT_SATURATION_DETECTOR
+    detector = plugins.get(ref)
+    if detector is None and ref == DEFAULT_SATURATION_DETECTOR and ref in registry:
+        detector = add_default(ref)
+    if detector is None:
+        problems.append(f"{where}.pluginRef: no plugin named {ref!r} is defined")
+        return None
+    if not isinstance(detector, SaturationDetector):
+        problems.append(f"{where}.pluginRef: {ref!r} ({types[ref]}) is not a saturation detector")
+        return None
+    return detector
+
+
+def _resolve_data_layer(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+) -> list[DataSourceBinding]:
+    """`dataLayer`. Omitted: the default metrics source and extractor. Given: its sources, plus (llm-d-router,
+    `injectDefaults` unset or true) the default metrics source when none of that name is listed; with a
+    GIE apiVersion and `injectDefaults` unset, exactly the sources listed (none: no metrics collection)."""
+    dl = spec.data_layer
+    out: list[DataSourceBinding] = []
+    if dl is None:
+        inject = True
+    else:
+        if dl.discovery is not None:
+            problems.append(
+                "dataLayer.discovery: endpoint discovery plugins (llm-d-router's file-discovery) are not supported "
+                "yet; llm-epp discovers endpoints from the InferencePool (--pool-name), --endpoints or "
+                "--endpoints-file"
+            )
+        if dl.cross_replica_syncer_plugin_ref or dl.cross_replica_sync_interval:
+            problems.append(
+                "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data across EPP replicas is not "
+                "supported yet; remove crossReplicaSyncerPluginRef and crossReplicaSyncInterval"
+            )
+        for i, src in enumerate(dl.sources):
+            where = f"dataLayer.sources[{i}]"
+            source_plugin = plugins.get(src.plugin_ref)
+            extractors: list[Extractor] = []
+            for j, ex in enumerate(src.extractors):
+                ex_plugin = plugins.get(ex.plugin_ref)
+                if ex_plugin is None:
+                    problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
+                elif not isinstance(ex_plugin, Extractor):
+                    problems.append(
+                        f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
+                        "extractor"
+                    )
+                else:
+                    extractors.append(ex_plugin)
+            if source_plugin is None:
+                problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
+            elif not isinstance(source_plugin, DataSource):
+                problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
+            elif len(src.extractors) != 1:
+                problems.append(
+                    f"{where}.extractors: a metrics source needs exactly one extractor (e.g. core-metrics-extractor); "
+                    "several extractors on one source are not supported yet"
+                )
+            elif extractors:
+                out.append(DataSourceBinding(source_plugin, tuple(extractors)))
+        if dl.inject_defaults is not None:
+            inject = dl.inject_defaults
+        else:
+            inject = spec.api_version in LLM_D_API_VERSIONS
+        if any(s.plugin_ref == DEFAULT_DATA_SOURCE for s in dl.sources):
+            inject = False
+    if inject and DEFAULT_DATA_SOURCE in registry and DEFAULT_EXTRACTOR in registry:
+        default_source = plugins.get(DEFAULT_DATA_SOURCE) or add_default(DEFAULT_DATA_SOURCE)
+        default_extractor = plugins.get(DEFAULT_EXTRACTOR) or add_default(DEFAULT_EXTRACTOR)
+        if isinstance(default_source, DataSource) and isinstance(default_extractor, Extractor):
+            out.append(DataSourceBinding(default_source, (default_extractor,)))
+    if len(out) > 1:
+        problems.append(
+            f"dataLayer.sources: {len(out)} polled metrics sources are configured "
+            f"({', '.join(b.source.typed_name.name for b in out)}); more than one is not supported yet"
+        )
+    return out
+
+
+def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
+    """Declared plugins that nothing runs: not in a profile, not a hook, not referenced by a section."""
+    used: set[int] = {id(loaded.scheduler.handler)}
+    for profile in loaded.scheduler.profiles.values():
+        used.update(id(f) for f in profile.filters)
+        used.update(id(s.scorer) for s in profile.scorers)
+        used.add(id(profile.picker))
+    hooks: list[Sequence[object]] = [
+        loaded.prepare_data,
+        loaded.admission,
+        loaded.pre_request,
+        loaded.response_received,
+        loaded.response_complete,
+        loaded.parsers,
+    ]
+    for group in hooks:
+        used.update(id(p) for p in group)
+    for b in loaded.data_sources:
+        used.add(id(b.source))
+        used.update(id(e) for e in b.extractors)
+    if loaded.saturation is not None:
+        used.add(id(loaded.saturation))
+    out = []
+    for i, ps in enumerate(spec.plugins):
+        plugin = loaded.plugins.get(ps.name or ps.type)
+        if plugin is None or id(plugin) in used or isinstance(plugin, ProfileHandler):
+            continue
+        if getattr(sys.modules.get(type(plugin).__module__), "COMPATIBILITY_ONLY", False):
+            continue
+        out.append(
+            f"plugins[{i}]: {ps.name or ps.type!r} ({ps.type}) is declared but no profile, hook or section uses it, "
+            "so it has no effect"
+        )
+    return out

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import difflib
 import importlib.metadata
-from collections.abc import Callable, Iterable, Mapping
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from llm_epp.framework.plugin import Handle, Plugin, PluginParams
 
@@ -53,6 +56,61 @@ def _describe(err: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class UnknownParam:
+    """A parameter key the plugin's Params model does not have. `path` is dotted from the parameters' root
+    (`engineConfigs.0.kvUsage`); `suggestion` is the closest known key at that level, if any is close."""
+
+    path: str
+    suggestion: str | None
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {self.suggestion!r}?" if self.suggestion else ""
+        return f"unknown parameter {self.path!r}{hint}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `Model`, `Model | None`, `list[Model]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The keys (aliases and field names) accepted at `loc` inside `model`'s input."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    if current is None:
+        return []
+    return [f.alias or n for n, f in current.model_fields.items()]
+
+
+def _drop(raw: Any, loc: Sequence[int | str]) -> bool:
+    """Deletes the key at `loc` from a nested dict/list structure; False when it is not there."""
+    node = raw
+    for part in loc[:-1]:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    if isinstance(node, dict) and loc and loc[-1] in node:
+        del node[loc[-1]]
+        return True
+    return False
+
+
 class PluginLoadError(ValueError):
     """An out-of-tree plugin that was found but could not be loaded; the message says why."""
 
@@ -70,6 +128,7 @@ class Registry:
     def __init__(self, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
         self._entries: dict[str, RegistryEntry[Any]] = {}
         self._group = entry_point_group
+        self._default_producers: dict[str, str] = {}
 
     def register_module(self, module: Any, source: str = "") -> None:
         """Registers a plugin module (`TYPE`, `Params`, `factory`)."""
@@ -108,6 +167,14 @@ class Registry:
             raise ValueError(f"plugin type {plugin_type!r} is registered twice")
         self._entries[plugin_type] = RegistryEntry(plugin_type, params_model, factory)
 
+    def set_default_producer(self, data_key: str, plugin_type: str) -> None:
+        """Names the plugin type the loader creates when a configured plugin consumes `data_key` (a name in
+        its `consumes`) and no configured plugin produces it (llm-d-router's `RegisterAsDefaultProducer`)."""
+        self._default_producers[data_key] = plugin_type
+
+    def default_producers(self) -> dict[str, str]:
+        return dict(self._default_producers)
+
     def __contains__(self, plugin_type: object) -> bool:
         return plugin_type in self._entries
 
@@ -128,14 +195,45 @@ class Registry:
             raise UnknownPluginTypeError(plugin_type, [*self._entries, *self.external_types()])
         return found
 
-    def parse_params(self, plugin_type: str, raw: Mapping[str, Any] | None) -> PluginParams:
+    def parse_params(
+        self, plugin_type: str, raw: Mapping[str, Any] | None, unknown: list[UnknownParam] | None = None
+    ) -> PluginParams:
+        """Validates `raw` against the plugin's Params model. Unknown keys raise PluginParamsError, unless
+        `unknown` is a list: then they are left out (GIE v1.5.0 ignores them) and reported into it."""
         entry = self.entry(plugin_type)
-        try:
-            params: PluginParams = entry.params_model.model_validate(dict(raw or {}))
-        except ValidationError as err:
-            raise PluginParamsError(plugin_type, _describe(err)) from None
-        return params
+        model: type[PluginParams] = entry.params_model
+        data: Any = dict(raw or {})
+        copied = False
+        while True:
+            try:
+                params: PluginParams = model.model_validate(data)
+            except ValidationError as err:
+                extra = [e["loc"] for e in err.errors() if e["type"] == "extra_forbidden"]
+                if unknown is None or not extra:
+                    raise PluginParamsError(plugin_type, _describe(err)) from None
+                if not copied:
+                    data, copied = copy.deepcopy(data), True
+                dropped = False
+                for loc in extra:
+                    if not _drop(data, loc):
+                        continue
+                    dropped = True
+                    key = str(loc[-1])
+                    close = difflib.get_close_matches(key, _keys_at(model, loc[:-1]), n=1, cutoff=0.6)
+                    unknown.append(UnknownParam(".".join(str(p) for p in loc), close[0] if close else None))
+                if not dropped:  # pragma: no cover - pydantic reports only keys that are present
+                    raise PluginParamsError(plugin_type, _describe(err)) from None
+                continue
+            return params
 
-    def build(self, plugin_type: str, name: str, raw_params: Mapping[str, Any] | None, handle: Handle) -> Plugin:
-        params = self.parse_params(plugin_type, raw_params)
+    def build(
+        self,
+        plugin_type: str,
+        name: str,
+        raw_params: Mapping[str, Any] | None,
+        handle: Handle,
+        unknown: list[UnknownParam] | None = None,
+    ) -> Plugin:
+        """Builds a plugin. With `unknown` given, unknown parameter keys are reported there, not raised."""
+        params = self.parse_params(plugin_type, raw_params, unknown)
         return self.entry(plugin_type).factory(name, params, handle)

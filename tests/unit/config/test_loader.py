@@ -44,13 +44,13 @@ REFERENCE_STYLE = HEAD + textwrap.dedent(
 )
 
 
-def _load(text: str | None, recorder: FakeRecorder | None = None) -> LoadedConfig:
-    return load_config_text(text, builtin_registry(), recorder or FakeRecorder())
+def _load(text: str | None, recorder: FakeRecorder | None = None, strict: bool = False) -> LoadedConfig:
+    return load_config_text(text, builtin_registry(), recorder or FakeRecorder(), strict=strict)
 
 
-def _problems(text: str) -> list[str]:
+def _problems(text: str, strict: bool = True) -> list[str]:
     with pytest.raises(ConfigError) as info:
-        _load(text)
+        _load(text, strict=strict)
     assert info.value.problems, "a ConfigError must list its problems"
     return info.value.problems
 
@@ -85,6 +85,7 @@ def test_default_config(text: str | None) -> None:
         "core-metrics-extractor": "core-metrics-extractor",
         "max-score-picker": "max-score-picker",
         "single-profile-handler": "single-profile-handler",
+        "utilization-detector": "utilization-detector",
     }
     assert loaded.saturation is not None and loaded.saturation.typed_name.type == "utilization-detector"
     assert loaded.data_source is not None and loaded.extractor is not None
@@ -146,7 +147,12 @@ def test_reference_style_config_loads() -> None:
         "conformance": "header-based-testing-filter",
         "top2": "max-score-picker",
         "single-profile-handler": "single-profile-handler",
+        # created as the reference does: the default saturation detector and metrics source/extractor
+        "utilization-detector": "utilization-detector",
+        "metrics-data-source": "metrics-data-source",
+        "core-metrics-extractor": "core-metrics-extractor",
     }
+    assert loaded.warnings == ["featureGates[0]: the dataLayer feature gate is deprecated; the data layer is always on"]
     assert loaded.plugin_params["top2"] == {"maxNumOfEndpoints": 2}
     [profile] = loaded.profiles
     assert profile.filters == ["conformance"]
@@ -181,9 +187,14 @@ def test_api_version_and_kind_may_be_omitted() -> None:
     assert _load("plugins:\n- type: queue-scorer\n").profiles[0].name == "default"
 
 
-def test_every_known_feature_gate_is_accepted() -> None:
-    loaded = _load(_yaml("featureGates: [dataLayer, enableLegacyMetrics, flowControl]\n"))
-    assert loaded.spec.feature_gates == ["dataLayer", "enableLegacyMetrics", "flowControl"]
+def test_feature_gates_resolve_to_their_values() -> None:
+    loaded = _load(_yaml("featureGates: [dataLayer, flowControl=false, haPopulateNonLeaderDatastore=TRUE]\n"))
+    assert loaded.feature_gates == {
+        "dataLayer": True,
+        "enableLegacyMetrics": False,
+        "flowControl": False,
+        "haPopulateNonLeaderDatastore": True,
+    }
 
 
 def test_load_config_reads_a_file(tmp_path: Path) -> None:
@@ -569,7 +580,7 @@ ERROR_CASES = [
     ),
     pytest.param(
         _yaml("parser:\n  pluginRef: vllmgrpc-parser\n"),
-        ["parser.pluginRef: 'vllmgrpc-parser' is not supported; use one of openai-parser"],
+        ["parser.pluginRef: no plugin named 'vllmgrpc-parser' is defined and it is not a parser type"],
         id="unsupported-parser",
     ),
     pytest.param(
@@ -670,7 +681,7 @@ def test_several_problems_are_reported_together() -> None:
         "plugins[4].parameters.bogus: unknown parameter",
         "schedulingProfiles[0].plugins[1].pluginRef: no plugin named 'missing'",
         "schedulingProfiles[0].plugins: a profile may have only one picker",
-        "parser.pluginRef: 'passthrough' is not supported",
+        "parser.pluginRef: no plugin named 'passthrough' is defined",
     ]
     for fragment in expected:
         assert any(fragment in p for p in problems), f"{fragment!r} not in {problems}"
