@@ -331,8 +331,8 @@ def _build(
 
     def build_default(plugin_type: str, raw: Mapping[str, Any] | None) -> tuple[str, Plugin] | str:
         name = _unused_name(plugin_type, seen_names)
-        try:
-            return name, registry.build(plugin_type, name, raw, handle)
+        try:  # keys the producer lacks come from the consumer, whose own unknown keys are reported above
+            return name, registry.build(plugin_type, name, raw, handle, unknown=[])
         except (PluginParamsError, ValueError, UnknownPluginTypeError) as e:
             return str(e)
 
@@ -419,6 +419,8 @@ def _build(
         built = add_default("single-profile-handler")
         assert isinstance(built, ProfileHandler)
         handler = built
+    elif declared - plugins.keys():
+        pass  # a declared plugin failed to build (its problem is reported): it may be the handler
     else:
         problems.append(
             f"schedulingProfiles: {len(profile_specs)} profiles need a profile handler plugin that can run them"
@@ -430,9 +432,9 @@ def _build(
             f"but {len(profile_specs)} are configured"
         )
 
-    parsers = _resolve_parsers(spec, registry, plugins, types, add_default, problems)
-    saturation = _resolve_saturation(spec, registry, plugins, types, add_default, problems)
-    data_sources = _resolve_data_layer(spec, registry, plugins, types, add_default, problems)
+    parsers = _resolve_parsers(spec, registry, plugins, types, add_default, problems, declared)
+    saturation = _resolve_saturation(spec, registry, plugins, types, add_default, problems, declared)
+    data_sources = _resolve_data_layer(spec, registry, plugins, types, add_default, problems, declared)
     order, graph_problems = graph.data_order(plugins, types)
     problems += graph_problems
 
@@ -478,6 +480,7 @@ def _resolve_parsers(
     types: dict[str, str],
     add_default: Callable[[str], Plugin],
     problems: list[str],
+    declared: set[str],
 ) -> list[Parser]:
     """`requestHandler.parsers` (llm-d-router), else GIE's `parser`. A reference to no declared plugin
     creates a plugin of that type, as upstream does for its default parsers; `openai-parser` stands for
@@ -494,7 +497,7 @@ def _resolve_parsers(
         if plugin is None and ref in registry:
             plugin = add_default(ref)
         if plugin is None:
-            if ref == DEFAULT_PARSER:
+            if ref == DEFAULT_PARSER or ref in declared:  # built in, or its own problem is reported
                 continue
             problems.append(
                 f"{where}.pluginRef: no plugin named {ref!r} is defined and it is not a parser type; declare it "
@@ -514,6 +517,7 @@ def _resolve_saturation(
     types: dict[str, str],
     add_default: Callable[[str], Plugin],
     problems: list[str],
+    declared: set[str],
 ) -> SaturationDetector | None:
     """`flowControl.saturationDetector` (llm-d-router), else `saturationDetector` (GIE); unset or empty means
     `utilization-detector`, which is created when no plugin of that name is declared."""
@@ -531,7 +535,8 @@ def _resolve_saturation(
     if detector is None and ref == DEFAULT_SATURATION_DETECTOR and ref in registry:
         detector = add_default(ref)
     if detector is None:
-        problems.append(f"{where}.pluginRef: no plugin named {ref!r} is defined")
+        if ref not in declared:
+            problems.append(f"{where}.pluginRef: no plugin named {ref!r} is defined")
         return None
     if not isinstance(detector, SaturationDetector):
         problems.append(f"{where}.pluginRef: {ref!r} ({types[ref]}) is not a saturation detector")
@@ -546,6 +551,7 @@ def _resolve_data_layer(
     types: dict[str, str],
     add_default: Callable[[str], Plugin],
     problems: list[str],
+    declared: set[str],
 ) -> list[DataSourceBinding]:
     """`dataLayer`. Omitted: the default metrics source and extractor. Given: its sources, plus (llm-d-router,
     `injectDefaults` unset or true) the default metrics source when none of that name is listed; with a
@@ -572,6 +578,8 @@ def _resolve_data_layer(
             extractors: list[Extractor] = []
             for j, ex in enumerate(src.extractors):
                 ex_plugin = plugins.get(ex.plugin_ref)
+                if ex_plugin is None and ex.plugin_ref in declared:
+                    continue
                 if ex_plugin is None:
                     problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
                 elif not isinstance(ex_plugin, Extractor):
@@ -582,7 +590,8 @@ def _resolve_data_layer(
                 else:
                     extractors.append(ex_plugin)
             if source_plugin is None:
-                problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
+                if src.plugin_ref not in declared:
+                    problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
             elif not isinstance(source_plugin, DataSource):
                 problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
             elif len(src.extractors) != 1:
