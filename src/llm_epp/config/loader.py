@@ -281,7 +281,7 @@ def _build(
 ) -> LoadedConfig:
     problems: list[str] = []
     warnings: list[str] = []
-    if spec.api_version == GIE_API_VERSION and "apiVersion" in spec.model_fields_set:
+    if spec.api_version == GIE_API_VERSION and "api_version" in spec.model_fields_set:
         log.info("config_api_version_deprecated apiVersion=%s replacement=llm-d.ai/v1alpha1", spec.api_version)
     gates = resolve_gates(spec.feature_gates)
     problems += gates.problems
