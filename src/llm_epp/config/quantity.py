@@ -46,7 +46,7 @@ def parse_quantity(value: object) -> int:
         raise QuantityError(f"{value!r} is not a quantity; expected {_HINT}") from None
     if suffix in _BINARY:
         amount *= Decimal(1024) ** _BINARY[suffix]
-    elif suffix[:1] in ("e", "E"):
+    elif len(suffix) > 1:  # an exponent: e3, E-2 (a lone E is the exa suffix)
         exponent = int(suffix[1:])
         if abs(exponent) > 30:
             raise QuantityError(f"{value!r}: the exponent is out of range")
