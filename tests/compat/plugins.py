@@ -157,9 +157,7 @@ def compat_registry() -> Registry:
     """The built-in registry plus the plugins above; `colour` and `shade` have default producers."""
     registry = builtin_registry()
     registry.register(JsonParser.TYPE, NoParams, _simple(JsonParser))
-    registry.register(
-        ColourProducer.TYPE, ProducerParams, lambda name, params, handle: ColourProducer(name, params)
-    )
+    registry.register(ColourProducer.TYPE, ProducerParams, lambda name, params, handle: ColourProducer(name, params))
     registry.register(ShadeProducer.TYPE, NoParams, _simple(ShadeProducer))
     registry.register(ShadeScorer.TYPE, NoParams, _simple(ShadeScorer))
     registry.register(ColourScorer.TYPE, ConsumerParams, lambda name, params, handle: ColourScorer(name))

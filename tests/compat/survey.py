@@ -141,7 +141,9 @@ def report(outcomes: list[Outcome], verbose: bool = False) -> str:
     lines.append(f"  loads: {verdicts['loads']} ({warned} with warnings)")
     for verdict in ("unimplemented", "unsupported", "invalid", "not-yaml"):
         lines.append(f"  {verdict}: {verdicts[verdict]}")
-    missing = Counter(t for o in outcomes if o.verdict in ("unimplemented", "unsupported") for t in o.detail if " " not in t)
+    missing = Counter(
+        t for o in outcomes if o.verdict in ("unimplemented", "unsupported") for t in o.detail if " " not in t
+    )
     if missing:
         lines.append("plugin types missing (documents needing each):")
         lines.extend(f"  {t}: {n}" for t, n in missing.most_common())

@@ -66,7 +66,8 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         frozenset({"decode-filter", "data-parallel-profile-handler"}),
     ),
     "router-precise-prefix.yaml": (
-        f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, test/perf/config/router-configs/precise-prefix.yaml",
+        f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
+        "test/perf/config/router-configs/precise-prefix.yaml",
         frozenset({"token-producer", "endpoint-notification-source", "precise-prefix-cache-producer"}),
     ),
     "router-gpu-attributes.yaml": (

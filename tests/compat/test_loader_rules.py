@@ -202,8 +202,12 @@ def test_flow_control_saturation_detector_is_llm_d_routers_place_and_wins() -> N
 
 
 def test_a_detector_ref_to_another_kind_of_plugin_is_rejected() -> None:
-    problems = _problems(GIE + "plugins:\n- type: queue-scorer\nflowControl:\n  saturationDetector: {pluginRef: queue-scorer}\n")
-    assert problems == ["flowControl.saturationDetector.pluginRef: 'queue-scorer' (queue-scorer) is not a saturation detector"]
+    problems = _problems(
+        GIE + "plugins:\n- type: queue-scorer\nflowControl:\n  saturationDetector: {pluginRef: queue-scorer}\n"
+    )
+    assert problems == [
+        "flowControl.saturationDetector.pluginRef: 'queue-scorer' (queue-scorer) is not a saturation detector"
+    ]
 
 
 # ------------------------------------------------------------------------------------------- dataLayer
@@ -330,13 +334,17 @@ def test_openai_parser_stands_for_the_built_in_parsing() -> None:
 
 
 def test_a_parser_ref_to_another_kind_of_plugin_is_rejected() -> None:
-    problems = _problems(LLMD + "plugins:\n- type: queue-scorer\nrequestHandler: {parsers: [{pluginRef: queue-scorer}]}\n")
+    problems = _problems(
+        LLMD + "plugins:\n- type: queue-scorer\nrequestHandler: {parsers: [{pluginRef: queue-scorer}]}\n"
+    )
     assert problems == ["requestHandler.parsers[0].pluginRef: 'queue-scorer' (queue-scorer) is not a parser"]
 
 
 # ------------------------------------------------------------------------------- unknown plugin parameters
 
-UNKNOWN_PARAMS = GIE + """\
+UNKNOWN_PARAMS = (
+    GIE
+    + """\
 plugins:
 - name: top
   type: max-score-picker
@@ -348,6 +356,7 @@ plugins:
       queuedRequestsSpec: "vllm:num_requests_waiting"
       kvUsageSpc: "vllm:kv_cache_usage_perc"
 """
+)
 
 
 def test_unknown_parameters_load_with_a_warning_naming_plugin_key_and_suggestion() -> None:
@@ -420,7 +429,9 @@ def test_a_consumed_key_nothing_can_produce_is_rejected() -> None:
 
 
 def test_a_producer_cycle_is_rejected() -> None:
-    problems = _problems(GIE + "plugins:\n- type: test-ping\n- type: test-pong\n- type: queue-scorer\n", compat_registry())
+    problems = _problems(
+        GIE + "plugins:\n- type: test-ping\n- type: test-pong\n- type: queue-scorer\n", compat_registry()
+    )
     assert problems == [
         "plugins: the data dependencies of 'test-ping' (test-ping), 'test-pong' (test-pong) form a cycle; no order "
         "runs each producer first"

@@ -63,25 +63,51 @@ DEFAULT_BAND = FLOW + "  defaultPriorityBand: "
 
 # field path -> (a config without the field's effect, the same config using the field)
 CASES: dict[str, tuple[str, str]] = {
-    "apiVersion": (BASE + "dataLayer: {}\n", BASE.replace(GIE.split("\n")[0], "apiVersion: llm-d.ai/v1") + "dataLayer: {}\n"),
+    "apiVersion": (
+        BASE + "dataLayer: {}\n",
+        BASE.replace(GIE.split("\n")[0], "apiVersion: llm-d.ai/v1") + "dataLayer: {}\n",
+    ),
     "featureGates": (BASE, BASE + "featureGates: [dataLayer]\n"),
     "plugins": (GIE, BASE),
     "plugins[].type": (BASE, BASE.replace("kv-cache-utilization-scorer", "running-requests-size-scorer")),
-    "plugins[].name": (BASE + PROFILE, BASE.replace("- type: queue-scorer", "- {type: queue-scorer, name: q}") + PROFILE.replace("queue-scorer", "q")),
+    "plugins[].name": (
+        BASE + PROFILE,
+        BASE.replace("- type: queue-scorer", "- {type: queue-scorer, name: q}") + PROFILE.replace("queue-scorer", "q"),
+    ),
     "plugins[].parameters": (BASE, BASE + "- type: max-score-picker\n  parameters: {maxNumOfEndpoints: 2}\n"),
     "schedulingProfiles": (BASE, BASE + PROFILE),
     "schedulingProfiles[].name": (BASE + PROFILE, BASE + PROFILE.replace("name: default", "name: main")),
     "schedulingProfiles[].plugins": (BASE + PROFILE, BASE + PROFILE + "  - pluginRef: kv-cache-utilization-scorer\n"),
-    "schedulingProfiles[].plugins[].pluginRef": (BASE + PROFILE, BASE + PROFILE.replace("pluginRef: queue-scorer", "pluginRef: kv-cache-utilization-scorer")),
+    "schedulingProfiles[].plugins[].pluginRef": (
+        BASE + PROFILE,
+        BASE + PROFILE.replace("pluginRef: queue-scorer", "pluginRef: kv-cache-utilization-scorer"),
+    ),
     "schedulingProfiles[].plugins[].weight": (BASE + PROFILE, BASE + PROFILE + "    weight: 3\n"),
     "saturationDetector": (SATURATION, SATURATION + "saturationDetector: {pluginRef: c}\n"),
-    "saturationDetector.pluginRef": (SATURATION + "saturationDetector: {}\n", SATURATION + "saturationDetector: {pluginRef: c}\n"),
+    "saturationDetector.pluginRef": (
+        SATURATION + "saturationDetector: {}\n",
+        SATURATION + "saturationDetector: {pluginRef: c}\n",
+    ),
     "dataLayer": (BASE, BASE + "dataLayer: {}\n"),
     "dataLayer.injectDefaults": (BASE + "dataLayer: {}\n", BASE + "dataLayer: {injectDefaults: true}\n"),
-    "dataLayer.sources": (SOURCES + "dataLayer: {}\n", SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n"),
-    "dataLayer.sources[].pluginRef": (SOURCES + "dataLayer: {}\n", SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n"),
-    "dataLayer.sources[].extractors": (SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n", SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}, {pluginRef: ex}]}]}\n"),
-    "dataLayer.sources[].extractors[].pluginRef": (SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n", SOURCES + "- {name: ex2, type: core-metrics-extractor}\ndataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex2}]}]}\n"),
+    "dataLayer.sources": (
+        SOURCES + "dataLayer: {}\n",
+        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
+    ),
+    "dataLayer.sources[].pluginRef": (
+        SOURCES + "dataLayer: {}\n",
+        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
+    ),
+    "dataLayer.sources[].extractors": (
+        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
+        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}, {pluginRef: ex}]}]}\n",
+    ),
+    "dataLayer.sources[].extractors[].pluginRef": (
+        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
+        SOURCES
+        + "- {name: ex2, type: core-metrics-extractor}\n"
+        + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex2}]}]}\n",
+    ),
     "dataLayer.discovery": (BASE, BASE + "dataLayer: {discovery: {pluginRef: x}}\n"),
     "dataLayer.discovery.pluginRef": (BASE, BASE + "dataLayer: {discovery: {pluginRef: x}}\n"),
     "dataLayer.crossReplicaSyncerPluginRef": (BASE, BASE + "dataLayer: {crossReplicaSyncerPluginRef: x}\n"),
@@ -97,11 +123,23 @@ CASES: dict[str, tuple[str, str]] = {
     "flowControl.defaultPriorityBand.fairnessPolicyRef": (BASE, DEFAULT_BAND + "{fairnessPolicyRef: f}\n"),
     "flowControl.defaultPriorityBand.orderingPolicyRef": (BASE, DEFAULT_BAND + "{orderingPolicyRef: o}\n"),
     "flowControl.defaultNegativePriorityBand": (BASE, FLOW + "  defaultNegativePriorityBand: {}\n"),
-    "flowControl.defaultNegativePriorityBand.priority": (BASE, FLOW + "  defaultNegativePriorityBand: {priority: -1}\n"),
+    "flowControl.defaultNegativePriorityBand.priority": (
+        BASE,
+        FLOW + "  defaultNegativePriorityBand: {priority: -1}\n",
+    ),
     "flowControl.defaultNegativePriorityBand.maxBytes": (BASE, FLOW + "  defaultNegativePriorityBand: {maxBytes: 1}\n"),
-    "flowControl.defaultNegativePriorityBand.maxRequests": (BASE, FLOW + "  defaultNegativePriorityBand: {maxRequests: 1}\n"),
-    "flowControl.defaultNegativePriorityBand.fairnessPolicyRef": (BASE, FLOW + "  defaultNegativePriorityBand: {fairnessPolicyRef: f}\n"),
-    "flowControl.defaultNegativePriorityBand.orderingPolicyRef": (BASE, FLOW + "  defaultNegativePriorityBand: {orderingPolicyRef: o}\n"),
+    "flowControl.defaultNegativePriorityBand.maxRequests": (
+        BASE,
+        FLOW + "  defaultNegativePriorityBand: {maxRequests: 1}\n",
+    ),
+    "flowControl.defaultNegativePriorityBand.fairnessPolicyRef": (
+        BASE,
+        FLOW + "  defaultNegativePriorityBand: {fairnessPolicyRef: f}\n",
+    ),
+    "flowControl.defaultNegativePriorityBand.orderingPolicyRef": (
+        BASE,
+        FLOW + "  defaultNegativePriorityBand: {orderingPolicyRef: o}\n",
+    ),
     "flowControl.priorityBands": (BASE, BAND + "{priority: 5}\n"),
     "flowControl.priorityBands[].priority": (BASE, BAND + "{priority: 5}\n"),
     "flowControl.priorityBands[].maxBytes": (BASE, BAND + "{maxBytes: 1k}\n"),
@@ -110,11 +148,20 @@ CASES: dict[str, tuple[str, str]] = {
     "flowControl.priorityBands[].orderingPolicyRef": (BASE, BAND + "{orderingPolicyRef: o}\n"),
     "flowControl.usageLimitPolicyPluginRef": (BASE, FLOW + "  usageLimitPolicyPluginRef: u\n"),
     "flowControl.saturationDetector": (SATURATION, SATURATION + "flowControl: {saturationDetector: {pluginRef: c}}\n"),
-    "flowControl.saturationDetector.pluginRef": (SATURATION + "flowControl: {saturationDetector: {}}\n", SATURATION + "flowControl: {saturationDetector: {pluginRef: c}}\n"),
+    "flowControl.saturationDetector.pluginRef": (
+        SATURATION + "flowControl: {saturationDetector: {}}\n",
+        SATURATION + "flowControl: {saturationDetector: {pluginRef: c}}\n",
+    ),
     "flowControl.enableEviction": (BASE, FLOW + "  enableEviction: true\n"),
     "requestHandler": (PARSERS, PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n"),
-    "requestHandler.parsers": (PARSERS + "requestHandler: {}\n", PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n"),
-    "requestHandler.parsers[].pluginRef": (PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n", PARSERS + "requestHandler: {parsers: [{pluginRef: b}]}\n"),
+    "requestHandler.parsers": (
+        PARSERS + "requestHandler: {}\n",
+        PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n",
+    ),
+    "requestHandler.parsers[].pluginRef": (
+        PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n",
+        PARSERS + "requestHandler: {parsers: [{pluginRef: b}]}\n",
+    ),
     "parser": (PARSERS, PARSERS + "parser: {pluginRef: a}\n"),
     "parser.pluginRef": (PARSERS + "parser: {pluginRef: a}\n", PARSERS + "parser: {pluginRef: b}\n"),
 }
@@ -177,7 +224,9 @@ def test_each_field_has_an_effect_or_is_rejected_as_not_supported_yet(path: str)
     after = _outcome(with_field, registry)
     assert isinstance(before, dict), f"the reference config of {path} must load: {before}"
     if isinstance(after, list):
-        assert any("not supported yet" in p for p in after), f"{path}: rejected, but not as 'not supported yet': {after}"
+        assert any("not supported yet" in p for p in after), (
+            f"{path}: rejected, but not as 'not supported yet': {after}"
+        )
     else:
         assert after != before, f"{path}: accepted and changes nothing"
 
@@ -200,7 +249,9 @@ def _placement(plugin_type: str) -> str:
     base = GIE + "plugins:\n- type: queue-scorer\n" + spec
     sections = []
     if isinstance(probe, (Filter, Scorer, Picker)):
-        sections.append("schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n  - pluginRef: p\n")
+        sections.append(
+            "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n  - pluginRef: p\n"
+        )
     if isinstance(probe, SaturationDetector):
         sections.append("saturationDetector: {pluginRef: p}\n")
     if isinstance(probe, DataSource):

@@ -135,7 +135,9 @@ def data_order(plugins: Mapping[str, Plugin], types: Mapping[str, str]) -> tuple
         ready = [n for n in pending if needs[n] <= done]
         if not ready:
             cycle = ", ".join(f"{n!r} ({types[n]})" for n in pending)
-            problems.append(f"plugins: the data dependencies of {cycle} form a cycle; no order runs each producer first")
+            problems.append(
+                f"plugins: the data dependencies of {cycle} form a cycle; no order runs each producer first"
+            )
             order.extend(pending)
             break
         order.append(ready[0])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from llm_epp.config.quantity import parse_quantity
 
-GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+GIE_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
 LLM_D_API_VERSIONS = ("llm-d.ai/v1alpha1", "llm-d.ai/v1")
 API_VERSIONS = (GIE_API_VERSION, *LLM_D_API_VERSIONS)
 
