@@ -146,6 +146,19 @@ class PongProducer(PingProducer):
     consumes = frozenset({"ping"})
 
 
+class RefParams(PluginParams):
+    target: str = ""
+
+
+class Referrer(_Named):
+    """Names another plugin in its parameters (as P/D profile handlers name their deciders)."""
+
+    TYPE = "test-referrer"
+
+    async def prepare_data(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        return None
+
+
 def _simple(cls: Any) -> Any:
     def factory(name: str, params: NoParams, handle: Handle) -> Any:
         return cls(name)
@@ -166,6 +179,7 @@ def compat_registry() -> Registry:
     registry.register(TasteConsumer.TYPE, NoParams, _simple(TasteConsumer))
     registry.register(PingProducer.TYPE, NoParams, _simple(PingProducer))
     registry.register(PongProducer.TYPE, NoParams, _simple(PongProducer))
+    registry.register(Referrer.TYPE, RefParams, lambda name, params, handle: Referrer(name))
     registry.set_default_producer("colour", ColourProducer.TYPE)
     registry.set_default_producer("shade", ShadeProducer.TYPE)
     return registry

@@ -465,3 +465,19 @@ def test_a_declared_plugin_nothing_uses_is_reported() -> None:
         "plugins[1]: 'kv-cache-utilization-scorer' (kv-cache-utilization-scorer) is declared but no profile, hook or "
         "section uses it, so it has no effect"
     ]
+
+
+def test_a_plugin_another_plugin_names_in_its_parameters_is_not_reported() -> None:
+    text = """\
+        plugins:
+        - type: queue-scorer
+        - {name: spare, type: kv-cache-utilization-scorer}
+        - {name: chooser, type: test-referrer, parameters: {target: TARGET}}
+        schedulingProfiles:
+        - name: default
+          plugins: [{pluginRef: queue-scorer}]
+        """
+    named = _load(GIE + text.replace("TARGET", "spare"), compat_registry())
+    assert named.warnings == []
+    other = _load(GIE + text.replace("TARGET", "elsewhere"), compat_registry())
+    assert [w.split(":")[0] for w in other.warnings] == ["plugins[1]"]

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -642,10 +642,13 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
         used.update(id(e) for e in b.extractors)
     if loaded.saturation is not None:
         used.add(id(loaded.saturation))
+    named = {v for ps in spec.plugins for v in _strings(ps.parameters)}  # plugins another plugin refers to
     out = []
     for i, ps in enumerate(spec.plugins):
         plugin = loaded.plugins.get(ps.name or ps.type)
         if plugin is None or id(plugin) in used or isinstance(plugin, ProfileHandler):
+            continue
+        if (ps.name or ps.type) in named:
             continue
         if getattr(sys.modules.get(type(plugin).__module__), "COMPATIBILITY_ONLY", False):
             continue
@@ -654,3 +657,15 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
             "so it has no effect"
         )
     return out
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string inside a parameters value (plugin names other plugins take as parameters)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
