@@ -1,0 +1,179 @@
+"""The sections that name plugins by reference: parsers (`requestHandler.parsers`, `parser`), the
+saturation detector (`flowControl.saturationDetector`, `saturationDetector`) and the data layer
+(`dataLayer`). Each resolves its references against the built plugins, creating upstream's defaults
+where upstream does, and reports problems with their YAML paths. A reference to a declared plugin that
+failed to build is not reported again (its own problem is)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llm_epp.config.schema import LLM_D_API_VERSIONS, EndpointPickerConfigSpec
+from llm_epp.framework import Plugin, Registry
+from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.parsing import Parser
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
+DEFAULT_SATURATION_DETECTOR = "utilization-detector"
+DEFAULT_DATA_SOURCE = "metrics-data-source"
+DEFAULT_EXTRACTOR = "core-metrics-extractor"  # the reference instantiates it when none is configured
+
+
+@dataclass(frozen=True, slots=True)
+class DataSourceBinding:
+    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order."""
+
+    source: DataSource
+    extractors: tuple[Extractor, ...]
+
+
+def resolve_parsers(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+    declared: set[str],
+) -> list[Parser]:
+    """`requestHandler.parsers` (llm-d-router), else GIE's `parser`. A reference to no declared plugin
+    creates a plugin of that type, as upstream does for its default parsers; `openai-parser` stands for
+    the director's built-in OpenAI parsing until it is a registered plugin."""
+    if spec.request_handler is not None and spec.request_handler.parsers:
+        refs = [(f"requestHandler.parsers[{i}]", r.plugin_ref) for i, r in enumerate(spec.request_handler.parsers)]
+    elif spec.parser is not None:
+        refs = [("parser", spec.parser.plugin_ref)]
+    else:
+        return []
+    out: list[Parser] = []
+    for where, ref in refs:
+        plugin = plugins.get(ref)
+        if plugin is None and ref in registry:
+            plugin = add_default(ref)
+        if plugin is None:
+            if ref == DEFAULT_PARSER or ref in declared:  # built in, or its own problem is reported
+                continue
+            problems.append(
+                f"{where}.pluginRef: no plugin named {ref!r} is defined and it is not a parser type; declare it "
+                "under plugins"
+            )
+        elif not isinstance(plugin, Parser):
+            problems.append(f"{where}.pluginRef: {ref!r} ({types[plugin.typed_name.name]}) is not a parser")
+        else:
+            out.append(plugin)
+    return out
+
+
+def resolve_saturation(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+    declared: set[str],
+) -> SaturationDetector | None:
+    """`flowControl.saturationDetector` (llm-d-router), else `saturationDetector` (GIE); unset or empty means
+    `utilization-detector`, which is created when no plugin of that name is declared."""
+    fc = spec.flow_control
+    if fc is not None and fc.saturation_detector is not None:
+        where, ref = "flowControl.saturationDetector", fc.saturation_detector.plugin_ref
+        if spec.saturation_detector is not None:
+            log.info("config_saturation_detector_deprecated the top-level saturationDetector is ignored")
+    elif spec.saturation_detector is not None:
+        where, ref = "saturationDetector", spec.saturation_detector.plugin_ref
+    else:
+        where, ref = "saturationDetector", ""
+    ref = ref or DEFAULT_SATURATION_DETECTOR
+    detector = plugins.get(ref)
+    if detector is None and ref == DEFAULT_SATURATION_DETECTOR and ref in registry:
+        detector = add_default(ref)
+    if detector is None:
+        if ref not in declared:
+            problems.append(f"{where}.pluginRef: no plugin named {ref!r} is defined")
+        return None
+    if not isinstance(detector, SaturationDetector):
+        problems.append(f"{where}.pluginRef: {ref!r} ({types[ref]}) is not a saturation detector")
+        return None
+    return detector
+
+
+def resolve_data_layer(
+    spec: EndpointPickerConfigSpec,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+    declared: set[str],
+) -> list[DataSourceBinding]:
+    """`dataLayer`. Omitted: the default metrics source and extractor. Given: its sources, plus (llm-d-router,
+    `injectDefaults` unset or true) the default metrics source when none of that name is listed; with a
+    GIE apiVersion and `injectDefaults` unset, exactly the sources listed (none: no metrics collection)."""
+    dl = spec.data_layer
+    out: list[DataSourceBinding] = []
+    if dl is None:
+        inject = True
+    else:
+        if dl.discovery is not None:
+            problems.append(
+                "dataLayer.discovery: endpoint discovery plugins (llm-d-router's file-discovery) are not supported "
+                "yet; llm-epp discovers endpoints from the InferencePool (--pool-name), --endpoints or "
+                "--endpoints-file"
+            )
+        if dl.cross_replica_syncer_plugin_ref or dl.cross_replica_sync_interval:
+            problems.append(
+                "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data across EPP replicas is not "
+                "supported yet; remove crossReplicaSyncerPluginRef and crossReplicaSyncInterval"
+            )
+        for i, src in enumerate(dl.sources):
+            where = f"dataLayer.sources[{i}]"
+            source_plugin = plugins.get(src.plugin_ref)
+            extractors: list[Extractor] = []
+            for j, ex in enumerate(src.extractors):
+                ex_plugin = plugins.get(ex.plugin_ref)
+                if ex_plugin is None and ex.plugin_ref in declared:
+                    continue
+                if ex_plugin is None:
+                    problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
+                elif not isinstance(ex_plugin, Extractor):
+                    problems.append(
+                        f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
+                        "extractor"
+                    )
+                else:
+                    extractors.append(ex_plugin)
+            if source_plugin is None:
+                if src.plugin_ref not in declared:
+                    problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
+            elif not isinstance(source_plugin, DataSource):
+                problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
+            elif len(src.extractors) != 1:
+                problems.append(
+                    f"{where}.extractors: a metrics source needs exactly one extractor (e.g. core-metrics-extractor); "
+                    "several extractors on one source are not supported yet"
+                )
+            elif extractors:
+                out.append(DataSourceBinding(source_plugin, tuple(extractors)))
+        if dl.inject_defaults is not None:
+            inject = dl.inject_defaults
+        else:
+            inject = spec.api_version in LLM_D_API_VERSIONS
+        if any(s.plugin_ref == DEFAULT_DATA_SOURCE for s in dl.sources):
+            inject = False
+    if inject and DEFAULT_DATA_SOURCE in registry and DEFAULT_EXTRACTOR in registry:
+        default_source = plugins.get(DEFAULT_DATA_SOURCE) or add_default(DEFAULT_DATA_SOURCE)
+        default_extractor = plugins.get(DEFAULT_EXTRACTOR) or add_default(DEFAULT_EXTRACTOR)
+        if isinstance(default_source, DataSource) and isinstance(default_extractor, Extractor):
+            out.append(DataSourceBinding(default_source, (default_extractor,)))
+    if len(out) > 1:
+        problems.append(
+            f"dataLayer.sources: {len(out)} polled metrics sources are configured "
+            f"({', '.join(b.source.typed_name.name for b in out)}); more than one is not supported yet"
+        )
+    return out
