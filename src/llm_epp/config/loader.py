@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from llm_epp.config import graph
 from llm_epp.config.defaults import DEFAULT_CONFIG, DEFAULT_PRODUCERS
+from llm_epp.config.gates import DEFAULTS as GATE_DEFAULTS
 from llm_epp.config.gates import FLOW_CONTROL_UNSUPPORTED, resolve_gates
 from llm_epp.config.schema import GIE_API_VERSION, EndpointPickerConfigSpec
 from llm_epp.config.sections import DataSourceBinding, resolve_data_layer, resolve_parsers, resolve_saturation
@@ -103,9 +104,9 @@ class LoadedConfig:
             params = self.plugin_params.get(name) or {}
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             out.append(f"  {name} ({ptype}){': ' + shown if shown else ''}")
-        on = [g for g, v in self.feature_gates.items() if v]
-        if on:
-            out.append(f"feature gates on: {', '.join(on)}")
+        changed = [f"{g}={str(v).lower()}" for g, v in self.feature_gates.items() if v != GATE_DEFAULTS.get(g)]
+        if changed:
+            out.append(f"feature gates: {', '.join(changed)}")
         if self.saturation is not None:
             out.append(f"saturation detector: {self.saturation.typed_name}")
         if self.parsers:
@@ -271,6 +272,11 @@ def _build(
     warnings: list[str] = []
     if spec.api_version == GIE_API_VERSION and "api_version" in spec.model_fields_set:
         log.info("config_api_version_deprecated apiVersion=%s replacement=llm-d.ai/v1alpha1", spec.api_version)
+    elif spec.api_version != GIE_API_VERSION:  # llm-d-router's deprecations of GIE's section names
+        if spec.saturation_detector is not None:
+            log.info("config_field_deprecated field=saturationDetector replacement=flowControl.saturationDetector")
+        if spec.parser is not None:
+            log.info("config_field_deprecated field=parser replacement=requestHandler.parsers")
     gates = resolve_gates(spec.feature_gates)
     problems += gates.problems
     warnings += gates.warnings

@@ -6,7 +6,6 @@ failed to build is not reported again (its own problem is)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,8 +14,6 @@ from llm_epp.framework import Plugin, Registry
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.parsing import Parser
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
@@ -83,8 +80,6 @@ def resolve_saturation(
     fc = spec.flow_control
     if fc is not None and fc.saturation_detector is not None:
         where, ref = "flowControl.saturationDetector", fc.saturation_detector.plugin_ref
-        if spec.saturation_detector is not None:
-            log.info("config_saturation_detector_deprecated the top-level saturationDetector is ignored")
     elif spec.saturation_detector is not None:
         where, ref = "saturationDetector", spec.saturation_detector.plugin_ref
     else:
