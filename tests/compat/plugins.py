@@ -57,6 +57,14 @@ class JsonParser(_Named):
         return None
 
 
+class ModelParams(PluginParams):
+    model: str  # required
+
+
+class ModelParser(JsonParser):
+    TYPE = "test-model-parser"
+
+
 class ProducerParams(PluginParams):
     scale: int = Field(default=1, alias="scale")
 
@@ -179,6 +187,7 @@ def compat_registry() -> Registry:
     registry.register(TasteConsumer.TYPE, NoParams, _simple(TasteConsumer))
     registry.register(PingProducer.TYPE, NoParams, _simple(PingProducer))
     registry.register(PongProducer.TYPE, NoParams, _simple(PongProducer))
+    registry.register(ModelParser.TYPE, ModelParams, lambda name, params, handle: ModelParser(name))
     registry.register(Referrer.TYPE, RefParams, lambda name, params, handle: Referrer(name))
     registry.set_default_producer("colour", ColourProducer.TYPE)
     registry.set_default_producer("shade", ShadeProducer.TYPE)

@@ -327,6 +327,21 @@ def test_a_parser_type_referenced_but_not_declared_is_created() -> None:
     assert isinstance(parser, JsonParser) and loaded.plugin_types["test-json-parser"] == "test-json-parser"
 
 
+def test_a_parser_type_that_needs_parameters_must_be_declared() -> None:
+    [problem] = _problems(LLMD + "requestHandler: {parsers: [{pluginRef: test-model-parser}]}\n", compat_registry())
+    assert problem.startswith("requestHandler.parsers[0].pluginRef: 'test-model-parser' needs parameters; declare it")
+    loaded = _load(
+        LLMD
+        + """\
+        plugins:
+        - {type: test-model-parser, parameters: {model: m}}
+        requestHandler: {parsers: [{pluginRef: test-model-parser}]}
+        """,
+        compat_registry(),
+    )
+    assert [p.typed_name.type for p in loaded.parsers] == ["test-model-parser"]
+
+
 def test_openai_parser_stands_for_the_built_in_parsing() -> None:
     loaded = _load(GIE + "plugins:\n- type: queue-scorer\nparser: {pluginRef: openai-parser}\n")
     assert loaded.parsers == []  # the director's default parsers

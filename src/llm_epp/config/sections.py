@@ -14,6 +14,7 @@ from llm_epp.framework import Plugin, Registry
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.parsing import Parser
+from llm_epp.framework.registry import PluginParamsError
 
 DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
@@ -50,11 +51,17 @@ def resolve_parsers(
     out: list[Parser] = []
     for where, ref in refs:
         plugin = plugins.get(ref)
+        if plugin is None and ref in declared:
+            continue  # declared but failed to build: its own problem is reported
         if plugin is None and ref in registry:
-            plugin = add_default(ref)
-        if plugin is None:
-            if ref == DEFAULT_PARSER or ref in declared:  # built in, or its own problem is reported
+            try:
+                plugin = add_default(ref)
+            except (PluginParamsError, ValueError) as e:
+                problems.append(f"{where}.pluginRef: {ref!r} needs parameters; declare it under plugins ({e})")
                 continue
+        if plugin is None:
+            if ref == DEFAULT_PARSER:
+                continue  # the director's built-in OpenAI parsing
             problems.append(
                 f"{where}.pluginRef: no plugin named {ref!r} is defined and it is not a parser type; declare it "
                 "under plugins"
