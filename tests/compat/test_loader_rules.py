@@ -443,6 +443,16 @@ def test_a_consumed_key_nothing_can_produce_is_rejected() -> None:
     ]
 
 
+def test_a_default_producer_that_is_not_implemented_yet_is_named() -> None:
+    registry = compat_registry()
+    registry.set_default_producer("scent", "test-nose")  # no such plugin type
+    [problem] = _problems(GIE + "plugins:\n- type: test-scent-scorer\n", registry)
+    assert problem == (
+        "plugins: the test-nose created for 'test-scent-scorer' (test-scent-scorer) failed: plugin type "
+        "'test-nose' is not implemented yet; configure another producer of the data"
+    )
+
+
 def test_a_producer_cycle_is_rejected() -> None:
     problems = _problems(
         GIE + "plugins:\n- type: test-ping\n- type: test-pong\n- type: queue-scorer\n", compat_registry()

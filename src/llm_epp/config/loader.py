@@ -327,11 +327,16 @@ def _build(
         name = _unused_name(plugin_type, seen_names)
         try:  # keys the producer lacks come from the consumer, whose own unknown keys are reported above
             return name, registry.build(plugin_type, name, raw, handle, unknown=[])
-        except (PluginParamsError, ValueError, UnknownPluginTypeError) as e:
+        except UnknownPluginTypeError:
+            return f"plugin type {plugin_type!r} is not implemented yet; configure another producer of the data"
+        except (PluginParamsError, ValueError) as e:
             return str(e)
 
     def params_extend(consumer_type: str, producer_type: str) -> bool:
-        return issubclass(registry.entry(consumer_type).params_model, registry.entry(producer_type).params_model)
+        try:
+            return issubclass(registry.entry(consumer_type).params_model, registry.entry(producer_type).params_model)
+        except UnknownPluginTypeError:
+            return False
 
     producers = {**DEFAULT_PRODUCERS, **registry.default_producers()}
     problems += graph.add_missing_producers(plugins, types, params, producers, params_extend, build_default)
