@@ -9,6 +9,7 @@ and put in one of these classes:
 
 - `loads` (with the number that only load with warnings);
 - `unimplemented plugin types`: every problem is an unknown plugin type (the types are listed);
+- `test fixture`: as above, but every unknown type is one of the upstream tests' own (`test-*`, `mock-*`);
 - `not supported yet`: a feature llm-epp rejects on purpose until it exists (e.g. flow control);
 - `invalid`: any other problem (upstream rejects many of these too: loader test cases);
 - `not YAML`: a template or fragment that is not a document on its own.
@@ -36,6 +37,7 @@ from llm_epp.plugins import builtin_registry
 _KIND = re.compile(r"^(?P<indent>[ \t]*)(?:- +)?kind:\s*[\"']?EndpointPickerConfig[\"']?\s*$", re.M)
 _GO_RAW = re.compile(r"`([^`]*EndpointPickerConfig[^`]*)`", re.S)
 _UNKNOWN_TYPE = re.compile(r"unknown plugin type '([^']+)'")
+_FIXTURE_PREFIXES = ("test-", "mock-")
 SUFFIXES = (".yaml", ".yml", ".md", ".go", ".tpl", ".txt", ".json")
 
 
@@ -107,7 +109,8 @@ def classify(origin: str, text: str, strict: bool = False) -> Outcome:
         unknown = sorted({m.group(1) for p in e.problems for m in [_UNKNOWN_TYPE.search(p)] if m})
         others = [p for p in e.problems if not _UNKNOWN_TYPE.search(p)]
         if not others:
-            return Outcome(origin, text, "unimplemented", unknown)
+            fixture = bool(unknown) and all(t.startswith(_FIXTURE_PREFIXES) for t in unknown)
+            return Outcome(origin, text, "test-fixture" if fixture else "unimplemented", unknown)
         if all("not supported yet" in p or "is not supported" in p for p in others):
             return Outcome(origin, text, "unsupported", unknown + others)
         return Outcome(origin, text, "invalid", [_short(p) for p in e.problems])
@@ -139,7 +142,7 @@ def report(outcomes: list[Outcome], verbose: bool = False) -> str:
     lines = [f"{len(outcomes)} distinct EndpointPickerConfig documents"]
     warned = sum(1 for o in outcomes if o.verdict == "loads" and o.warnings)
     lines.append(f"  loads: {verdicts['loads']} ({warned} with warnings)")
-    for verdict in ("unimplemented", "unsupported", "invalid", "not-yaml"):
+    for verdict in ("unimplemented", "test-fixture", "unsupported", "invalid", "not-yaml"):
         lines.append(f"  {verdict}: {verdicts[verdict]}")
     missing = Counter(
         t for o in outcomes if o.verdict in ("unimplemented", "unsupported") for t in o.detail if " " not in t
