@@ -29,8 +29,9 @@ from llm_epp.observability import (
     start_health_server,
 )
 from llm_epp.options import Options
-from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi import PickServicer
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
 
@@ -104,14 +105,20 @@ def build(opts: Options) -> Components:
         recorder,
         DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
         saturation=config.saturation,
+        parsers=default_parsers(),
     )
-    servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
+    servicer = ExtProcServicer(
+        director,
+        opts.max_request_body_bytes,
+        enable_explain=opts.enable_explain,
+        max_held_request_bytes=opts.max_held_request_bytes,
+        emit_endpoint_scores=opts.emit_endpoint_scores,
+    )
     health = HealthState(synced=datastore.synced, leader_election=opts.ha_enable_leader_election)
     pick = PickServicer(
         director,
         datastore.snapshot,
         plugins=config.plugins.values(),
-        leases=LeaseTable(director),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
     runtime = None
