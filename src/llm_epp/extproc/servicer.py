@@ -26,7 +26,7 @@ from llm_epp.extproc import codec
 from llm_epp.extproc import headers as h
 from llm_epp.framework import EppError, ErrorCode
 from llm_epp.framework.parsing import ResponseReader
-from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
+from llm_epp.framework.tracing import CURRENT_TRACE, RequestTrace, Tracer
 from llm_epp.requestcontrol.decision import Outcome, RequestDropped, RequestInput, ResponseSeen, RoutingDecision
 from llm_epp.requestcontrol.director import Director
 from llm_epp.requestcontrol.lifecycle import RequestHandle
@@ -95,7 +95,8 @@ class _Stream:
 
 class ExtProcServicer:
     """`max_request_body_bytes` bounds one request body (413 above it); `max_held_request_bytes` bounds the
-    request body bytes held across all streams at once (503 with Retry-After above it)."""
+    request body bytes held across all streams at once (503 with Retry-After above it). `tracer` defaults
+    to the director's, so the trace the servicer starts is the one the director reports phases to."""
 
     def __init__(
         self,
@@ -105,14 +106,14 @@ class ExtProcServicer:
         *,
         max_held_request_bytes: int = DEFAULT_MAX_HELD_BYTES,
         emit_endpoint_scores: bool = False,
-        tracer: Tracer = NULL_TRACER,
+        tracer: Tracer | None = None,
     ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
         self.max_held = max_held_request_bytes
         self.enable_explain = enable_explain
         self.emit_endpoint_scores = emit_endpoint_scores
-        self.tracer = tracer
+        self.tracer = tracer if tracer is not None else director.tracer  # one tracer for both halves
         self.held_bytes = 0  # request body bytes held by all streams now
 
     def handler(self) -> grpc.GenericRpcHandler:

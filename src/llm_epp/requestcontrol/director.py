@@ -47,7 +47,7 @@ from llm_epp.framework.requestcontrol import (
     ResponseReceived,
 )
 from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
-from llm_epp.framework.types import ApiKind, RequestBody, split_host_port
+from llm_epp.framework.types import ApiKind, RequestBody
 from llm_epp.requestcontrol.decision import (
     DROPPED_NO_ENDPOINTS,
     DROPPED_SATURATED,
@@ -123,8 +123,8 @@ def estimate_tokens(body_bytes: int) -> int:
 
 
 def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> list[Endpoint]:
-    """Endpoints named in `entries` (each a comma list of `ip` or `ip:port`; a bare IP names every port of
-    that address), in pool order. Linear: endpoints are indexed by address once."""
+    """Endpoints named in `entries` (each a comma list of `ip:port` or a bare `ip`, which names every port of
+    that address), in pool order. Linear in endpoints + entries: one set of `ip:port`s, one of addresses."""
     hostports: set[str] = set()
     addresses: set[str] = set()
     for item in entries:
@@ -132,15 +132,15 @@ def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> lis
             entry = entry.strip()
             if not entry:
                 continue
-            try:
-                host, port = split_host_port(entry)
-            except ValueError:
-                continue
-            if port is None:
-                addresses.add(host)
-            else:
+            if entry.startswith("["):  # [v6]:port or [v6]
+                if "]:" in entry:
+                    hostports.add(entry)
+                else:
+                    addresses.add(entry[1:].rstrip("]"))
+            elif entry.count(":") == 1:  # v4:port
                 hostports.add(entry)
-                hostports.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            else:  # v4, or a bare v6 address
+                addresses.add(entry)
     if not addresses:
         return [ep for ep in endpoints if ep.hostport in hostports]
     return [ep for ep in endpoints if ep.hostport in hostports or ep.metadata.address in addresses]

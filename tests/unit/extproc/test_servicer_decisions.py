@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import grpc
 
+from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
 from llm_epp.framework.requestcontrol import (
     REQUEST_HEADERS_KEY,
@@ -232,8 +233,9 @@ class Tracer:
 
 async def test_trace_per_stream_context_upstream_and_ended_with_the_status() -> None:
     tracer = Tracer()
-    h = Harness(PODS, servicer_opts={"tracer": tracer})
+    h = Harness(PODS)
     h.director.tracer = tracer
+    h.servicer = ExtProcServicer(h.director)  # takes the director's tracer
     ctx = await h.run(
         [headers_msg(POST, resp_mode=FDS), body_msg(body(), True), response_headers_msg({":status": "200"}, eos=True)]
     )
