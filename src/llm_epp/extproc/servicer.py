@@ -69,6 +69,7 @@ class _Stream:
         "status",
         "subset",
         "trace",
+        "trace_token",
     )
 
     def __init__(self) -> None:
@@ -91,6 +92,7 @@ class _Stream:
         self.restorer: ModelNameRestorer | None = None
         self.status = 0  # the HTTP status answered (for the trace)
         self.trace: RequestTrace | None = None
+        self.trace_token: Token[RequestTrace | None] | None = None
 
 
 class ExtProcServicer:
@@ -130,9 +132,8 @@ class ExtProcServicer:
 
     async def process(self, _requests: Any, ctx: grpc.aio.ServicerContext) -> None:
         st = _Stream()
-        token: Token[RequestTrace | None] | None = None
         try:
-            token = await self._loop(st, ctx)
+            await self._loop(st, ctx)
         finally:
             self._release(st)
             handle = st.handle
@@ -145,19 +146,18 @@ class ExtProcServicer:
                 self.director.finish(handle, self._outcome(st, complete))
             if st.trace is not None:
                 st.trace.end(st.status)
-            if token is not None:
-                CURRENT_TRACE.reset(token)
+            if st.trace_token is not None:
+                CURRENT_TRACE.reset(st.trace_token)
 
-    async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> Token[RequestTrace | None] | None:
+    async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> None:
         """Runs until the stream ends. `st.response_done` is set *before* the last answer is written: Envoy
         may cancel the stream as soon as it has that answer, interrupting the write."""
         eof = grpc.aio.EOF
         write = ctx.write
-        token: Token[RequestTrace | None] | None = None
         while True:
             req = await ctx.read()
             if req is eof:
-                return token
+                return
             kind = req.WhichOneof("request")
             if kind == "request_body":
                 rb = req.request_body
@@ -166,23 +166,23 @@ class ExtProcServicer:
                     size = len(chunk)
                     if st.body_len + size > self.max_body:
                         await write(self._reject(st, self._too_large()))
-                        return token
+                        return
                     if self.held_bytes + size > self.max_held:
                         await write(self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),)))
-                        return token
+                        return
                     st.body.append(chunk)
                     st.body_len += size
                     st.held += size
                     self.held_bytes += size
                 if rb.end_of_stream:
                     if not await self._route(st, write, trailers=False):
-                        return token
+                        return
                 elif st.req_mode == STREAMED:
                     await write(codec.EMPTY_REQUEST_BODY)
             elif kind == "response_body":
                 rb = req.response_body
                 if await self._on_response_body(st, write, rb.body, rb.end_of_stream):
-                    return token
+                    return
             elif kind == "request_headers":
                 if req.HasField("protocol_config"):
                     st.req_mode = req.protocol_config.request_body_mode
@@ -190,10 +190,10 @@ class ExtProcServicer:
                 self._on_request_headers(st, req)
                 if self.tracer.enabled and st.headers is not None:
                     st.trace = self.tracer.start_request(st.request_id, st.headers)
-                    token = CURRENT_TRACE.set(st.trace)
+                    st.trace_token = CURRENT_TRACE.set(st.trace)
                 if req.request_headers.end_of_stream:
                     if not await self._route(st, write, trailers=False, bodyless=True):
-                        return token
+                        return
                 elif st.req_mode != FDS:
                     await write(codec.EMPTY_REQUEST_HEADERS)
             elif kind == "response_headers":
@@ -203,16 +203,16 @@ class ExtProcServicer:
                     st.response_done = True
                 await write(self._on_response_headers(st, req, eos))
                 if st.response_done:
-                    return token
+                    return
             elif kind == "request_trailers":
                 if not st.routed:
                     if not await self._route(st, write, trailers=True):
-                        return token
+                        return
                 await write(codec.REQUEST_TRAILERS)
             elif kind == "response_trailers":
                 st.response_done = True
                 await write(codec.RESPONSE_TRAILERS + self._finish(st))
-                return token
+                return
 
     # --- request side ---------------------------------------------------------------------------------
     def _on_request_headers(self, st: _Stream, req: Any) -> None:

@@ -16,7 +16,7 @@ from llm_epp.framework.requestcontrol import (
     RESPONSE_METADATA_KEY,
     ResponseInfo,
 )
-from llm_epp.framework.tracing import AttributeValue, RequestTrace
+from llm_epp.framework.tracing import CURRENT_TRACE, AttributeValue, RequestTrace
 from llm_epp.framework.types import SchedulingResult
 from llm_epp.requestcontrol.director import RequestPlugins
 from tests.unit.extproc.fake_envoy import (
@@ -243,5 +243,6 @@ async def test_trace_per_stream_context_upstream_and_ended_with_the_status() -> 
     (trace,) = tracer.traces
     assert trace.phases == ["parse", "admission", "prepare_data", "schedule", "pre_request"]
     assert trace.ended == [200]
+    assert CURRENT_TRACE.get() is None  # reset when the stream ends
     await h.run([headers_msg(POST), body_msg(b"{", True)])
     assert tracer.traces[1].ended == [400]
