@@ -20,6 +20,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.framework.parsing import Parser
 from llm_epp.observability import (
     HealthState,
     MetricsServer,
@@ -61,6 +62,13 @@ class Components:
     objectives_watcher: ObjectivesFileWatcher | None
     metrics_runtime: MetricsRuntime | None
     objectives: ObjectivesStore
+
+
+def configured_parsers(config: LoadedConfig) -> list[Parser]:
+    """The parser plugins the configuration declares, in its order; the default list (openai-parser, then
+    passthrough-parser as the fallback) when it declares none."""
+    declared = [p for p in config.plugins.values() if isinstance(p, Parser)]
+    return declared or default_parsers()
 
 
 def build(opts: Options) -> Components:
@@ -105,7 +113,7 @@ def build(opts: Options) -> Components:
         recorder,
         DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
         saturation=config.saturation,
-        parsers=default_parsers(),
+        parsers=configured_parsers(config),
     )
     servicer = ExtProcServicer(
         director,
