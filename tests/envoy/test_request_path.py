@@ -236,6 +236,8 @@ def test_plugin_request_headers_arrive_at_the_pod_and_replace_client_copies(gate
         timeout=30,
     )
     assert r.status_code == 200
+    assert r.headers["x-went-into-resp-headers"] == "true"
+    assert "x-gateway-destination-endpoint-served" not in r.headers
     (seen,) = pod.seen
     values = [v for k, v in seen.headers if k.lower() == "x-test-upstream"]
     assert values == [f"chosen={pod.address}"]
