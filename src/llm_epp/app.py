@@ -20,6 +20,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.framework.parsing import Parser
 from llm_epp.observability import (
     HealthState,
     MetricsServer,
@@ -29,8 +30,9 @@ from llm_epp.observability import (
     start_health_server,
 )
 from llm_epp.options import Options
-from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi import PickServicer
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
 
@@ -60,6 +62,13 @@ class Components:
     objectives_watcher: ObjectivesFileWatcher | None
     metrics_runtime: MetricsRuntime | None
     objectives: ObjectivesStore
+
+
+def configured_parsers(config: LoadedConfig) -> list[Parser]:
+    """The parser plugins the configuration declares, in its order; the default list (openai-parser, then
+    passthrough-parser as the fallback) when it declares none."""
+    declared = [p for p in config.plugins.values() if isinstance(p, Parser)]
+    return declared or default_parsers()
 
 
 def build(opts: Options) -> Components:
@@ -104,14 +113,20 @@ def build(opts: Options) -> Components:
         recorder,
         DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
         saturation=config.saturation,
+        parsers=configured_parsers(config),
     )
-    servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
+    servicer = ExtProcServicer(
+        director,
+        opts.max_request_body_bytes,
+        enable_explain=opts.enable_explain,
+        max_held_request_bytes=opts.max_held_request_bytes,
+        emit_endpoint_scores=opts.emit_endpoint_scores,
+    )
     health = HealthState(synced=datastore.synced, leader_election=opts.ha_enable_leader_election)
     pick = PickServicer(
         director,
         datastore.snapshot,
         plugins=config.plugins.values(),
-        leases=LeaseTable(director),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
     runtime = None

@@ -95,6 +95,20 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"
     )
+    p.add_argument(
+        "--max-held-request-bytes",
+        type=_size,
+        default=256 << 20,
+        help="request body bytes the EPP holds across all requests at once; over it a request gets 503 with "
+        "Retry-After (default 256Mi)",
+    )
+    _bool_flag(
+        p,
+        "--emit-endpoint-scores",
+        False,
+        "emit the scheduler's per-endpoint scores in the request-path dynamic metadata under the "
+        "'x-gateway-destination-endpoint-scores' key of the 'envoy.lb' namespace",
+    )
     _bool_flag(p, "--disable-endpoint-subset-filter", False, "ignore the gateway's endpoint subset hint")
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=2, help="log verbosity: 2 info, 4 debug, 5 trace")
     p.add_argument("--zap-encoder", choices=("json", "console"), default="console", help="log format")
@@ -151,6 +165,8 @@ def _options(args: argparse.Namespace) -> Options:
         endpoint_selector=args.endpoint_selector,
         endpoint_target_ports=args.endpoint_target_ports,
         max_request_body_bytes=args.max_request_body_bytes,
+        max_held_request_bytes=args.max_held_request_bytes,
+        emit_endpoint_scores=args.emit_endpoint_scores,
         disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         verbosity=args.verbosity,
         json_logs=args.zap_encoder == "json",
@@ -216,6 +232,8 @@ def check_options(opts: Options) -> list[str]:
         )
     if opts.max_request_body_bytes <= 0:
         problems.append("--max-request-body-bytes must be positive")
+    if opts.max_held_request_bytes <= 0:
+        problems.append("--max-held-request-bytes must be positive")
     for name, port in (
         ("--grpc-port", opts.grpc_port),
         ("--grpc-health-port", opts.grpc_health_port),

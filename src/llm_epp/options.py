@@ -25,6 +25,8 @@ class Options:
     endpoint_selector: str = ""
     endpoint_target_ports: str = ""  # comma list, validated by check_options
     max_request_body_bytes: int = 16 << 20
+    max_held_request_bytes: int = 256 << 20  # request body bytes held across all streams at once
+    emit_endpoint_scores: bool = False
     disable_endpoint_subset_filter: bool = False
     verbosity: int = 2
     json_logs: bool = False

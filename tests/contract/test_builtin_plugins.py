@@ -14,6 +14,7 @@ import pytest
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
 from llm_epp.plugins import builtin_registry
@@ -35,6 +36,7 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     ResponseComplete,
     DataSource,
     Extractor,
+    Parser,
 )
 TESTS_ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,6 +23,8 @@ def test_reference_defaults() -> None:
     assert opts.metrics_staleness_threshold == 2.0
     assert opts.refresh_prometheus_metrics_interval == 5.0
     assert opts.max_request_body_bytes == 16 << 20
+    assert opts.max_held_request_bytes == 256 << 20
+    assert opts.emit_endpoint_scores is False
     assert opts.verbosity == 2
 
 
@@ -35,11 +37,27 @@ def test_reference_defaults() -> None:
         (["--refresh-metrics-interval", "200ms"], "refresh_metrics_interval", 0.2),
         (["--metrics-staleness-threshold=1m"], "metrics_staleness_threshold", 60.0),
         (["--max-request-body-bytes", "4Mi"], "max_request_body_bytes", 4 << 20),
+        (["--max-held-request-bytes", "1Gi"], "max_held_request_bytes", 1 << 30),
+        (["--emit-endpoint-scores"], "emit_endpoint_scores", True),
+        (["--emit-endpoint-scores=false"], "emit_endpoint_scores", False),
         (["--v", "4"], "verbosity", 4),
         (["-v", "5"], "verbosity", 5),
         (["--zap-encoder", "json"], "json_logs", True),
     ],
-    ids=["go-bool-false", "bare-bool", "bool-word", "duration-ms", "duration-m", "size-mi", "v", "short-v", "json"],
+    ids=[
+        "go-bool-false",
+        "bare-bool",
+        "bool-word",
+        "duration-ms",
+        "duration-m",
+        "size-mi",
+        "held-gi",
+        "scores",
+        "scores-false",
+        "v",
+        "short-v",
+        "json",
+    ],
 )
 def test_flag_forms(argv: list[str], field: str, value: object) -> None:
     assert getattr(parse("--endpoints", "10.0.0.1:8000", *argv), field) == value
@@ -58,6 +76,7 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         (["--endpoint-selector", "app vllm", "--endpoint-target-ports", "8000"], "--endpoint-selector"),
         (["--endpoints", "a:1", "--endpoint-target-ports", "8000"], "only used with --endpoint-selector"),
         (["--endpoints", "a:1", "--ha-enable-leader-election"], "needs --pool-name"),
+        (["--endpoints", "a:1", "--max-held-request-bytes", "0"], "--max-held-request-bytes must be positive"),
     ],
     ids=[
         "no-source",
@@ -70,6 +89,7 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         "bad-selector",
         "ports-without-selector",
         "ha-without-pool",
+        "held-zero",
     ],
 )
 def test_wrong_combinations_are_explained(argv: list[str], fragment: str) -> None:

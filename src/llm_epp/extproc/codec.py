@@ -75,6 +75,9 @@ def _hvo(key: str, value: str) -> HeaderValueOption:
     return HeaderValueOption(header=HeaderValue(key=key, raw_value=value.encode()))
 
 
+_WENT_INTO_RESP_HEADERS = _hvo(h.WENT_INTO_RESP_HEADERS, "true")
+
+
 class _MetadataCache:
     """Serialised `dynamic_metadata` fragments per destination. A ProcessingResponse's wire form is the
     concatenation of its fields, so the fragment is appended to the serialised headers answer."""
@@ -98,6 +101,25 @@ class _MetadataCache:
 _metadata = _MetadataCache()
 
 
+def _lb_metadata(destination: str, scores: Mapping[str, float] | None) -> bytes:
+    if not scores:
+        return _metadata.get(destination)
+    md = Struct()
+    md.update({h.LB_NAMESPACE: {h.DESTINATION: destination, h.SCORES: dict(scores)}})
+    return pb.ProcessingResponse(dynamic_metadata=md).SerializeToString()
+
+
+def dynamic_metadata(metadata: Mapping[str, Mapping[str, object]]) -> bytes:
+    """A serialised ProcessingResponse carrying only `dynamic_metadata` (namespace -> key -> value), to append
+    to another serialised answer; b"" when there is nothing to send."""
+    if not metadata:
+        return b""
+    md = Struct()
+    fields: dict[str, Any] = {ns: dict(values) for ns, values in metadata.items()}
+    md.update(fields)
+    return pb.ProcessingResponse(dynamic_metadata=md).SerializeToString()
+
+
 def _routing_common(
     destination: str,
     content_length: int | None,
@@ -119,12 +141,14 @@ def route_headers_response(
     content_length: int | None = None,
     extra: Sequence[tuple[str, str]] = (),
     remove: Sequence[str] = (),
+    scores: Mapping[str, float] | None = None,
 ) -> bytes:
-    """The request-headers answer naming the endpoint (FULL_DUPLEX_STREAMED, or a body-less request)."""
+    """The request-headers answer naming the endpoint (FULL_DUPLEX_STREAMED, or a body-less request).
+    `scores` (`ip:port` -> score) go to `envoy.lb` / `x-gateway-destination-endpoint-scores`."""
     common = _routing_common(destination, content_length, extra, remove)
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(response=common)
-    ).SerializeToString() + _metadata.get(destination)
+    ).SerializeToString() + _lb_metadata(destination, scores)
 
 
 def route_body_response(
@@ -132,19 +156,19 @@ def route_body_response(
     new_body: bytes | None,
     extra: Sequence[tuple[str, str]] = (),
     remove: Sequence[str] = (),
+    scores: Mapping[str, float] | None = None,
 ) -> bytes:
     """BUFFERED mode: the routing header mutation rides on the request-body answer; a changed body is
     sent whole with its new Content-Length."""
     common = _routing_common(destination, len(new_body) if new_body is not None else None, extra, remove)
     if new_body is not None:
         common.body_mutation.body = new_body
-    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString() + _metadata.get(
-        destination
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString() + _lb_metadata(
+        destination, scores
     )
 
 
 EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
-EMPTY_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
 EMPTY_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
 EMPTY_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
 REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
@@ -178,15 +202,15 @@ def streamed_response_body(body: bytes, eos: bool) -> list[bytes]:
     return [_streamed("response_body", body[s : s + size], eos and s == last) for s in range(0, len(body), size)]
 
 
-def response_headers_response(set_headers: Mapping[str, str], remove: Sequence[str]) -> bytes:
-    if not set_headers and not remove:
-        return EMPTY_RESPONSE_HEADERS
-    common = pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(
-            set_headers=[_hvo(k, v) for k, v in set_headers.items()], remove_headers=list(remove)
-        )
-    )
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common)).SerializeToString()
+def response_headers_response(
+    set_headers: Mapping[str, str], remove: Sequence[str], metadata: Mapping[str, Mapping[str, object]] | None = None
+) -> bytes:
+    """The response-headers answer; `x-went-into-resp-headers: true` is always set, as the reference does."""
+    sets = [_WENT_INTO_RESP_HEADERS]
+    sets.extend(_hvo(k, v) for k, v in set_headers.items())
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=sets, remove_headers=list(remove)))
+    answer = pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common)).SerializeToString()
+    return answer + dynamic_metadata(metadata) if metadata else answer
 
 
 def error_body(err: EppError) -> bytes:
@@ -202,10 +226,11 @@ def error_body(err: EppError) -> bytes:
     )
 
 
-def immediate_response(err: EppError, request_id: str = "") -> bytes:
+def immediate_response(err: EppError, request_id: str = "", headers: Sequence[tuple[str, str]] = ()) -> bytes:
     sets = [_hvo(h.CONTENT_TYPE, "application/json")]
     if request_id:
         sets.append(_hvo(h.REQUEST_ID, request_id))
+    sets.extend(_hvo(k, v) for k, v in headers)
     ir = pb.ImmediateResponse(
         status=HttpStatus(code=err.code.http_status),
         headers=pb.HeaderMutation(set_headers=sets),

@@ -4,12 +4,18 @@ answers (cheaper than an async generator; see docs/performance.md).
 Body modes: FULL_DUPLEX_STREAMED (the reference's mode: the headers answer is withheld until the body is
 complete) and BUFFERED (the routing mutation rides on the body answer). Response bodies may be
 FULL_DUPLEX_STREAMED (every chunk echoed; usage read) or NONE (no per-chunk round trips; completion is
-learnt when Envoy closes the stream)."""
+learnt when Envoy closes the stream).
+
+Protocol state (modes, body chunks, response reader, byte counts) lives here, per stream; the director gets
+values in (`RequestInput`, `ResponseSeen`, `Outcome`) and gives values back (`RoutingDecision`,
+`ResponsePlan`, response metadata)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
+from contextvars import Token
 from typing import Any
 
 import grpc
@@ -19,10 +25,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from llm_epp.extproc import codec
 from llm_epp.extproc import headers as h
 from llm_epp.framework import EppError, ErrorCode
-from llm_epp.framework.requestcontrol import RESPONSE_HEADERS_KEY, ResponseInfo
+from llm_epp.framework.parsing import ResponseReader
+from llm_epp.framework.tracing import CURRENT_TRACE, RequestTrace, Tracer
+from llm_epp.requestcontrol.decision import Outcome, RequestDropped, RequestInput, ResponseSeen, RoutingDecision
 from llm_epp.requestcontrol.director import Director
-from llm_epp.requestcontrol.lifecycle import RequestRecord
-from llm_epp.requestcontrol.usage import SseUsageReader, usage_from_json
+from llm_epp.requestcontrol.lifecycle import RequestHandle
+from llm_epp.requestcontrol.model_restore import ModelNameRestorer
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +40,10 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 FDS = ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = ProcessingMode.BUFFERED
 STREAMED = ProcessingMode.STREAMED
-_MAX_USAGE_BODY = 4 << 20
-_RESPONSE_HEADERS = frozenset(
-    (":status", h.CONTENT_TYPE, h.CONTENT_LENGTH, h.DESTINATION_SERVED)
-)  # non-streamed responses larger than this are not parsed for usage
+DEFAULT_MAX_HELD_BYTES = 256 << 20
+RETRY_AFTER_S = "1"
+_RESPONSE_HEADERS = frozenset((":status", h.CONTENT_TYPE, h.CONTENT_LENGTH, h.DESTINATION_SERVED))
+_YES = frozenset(("1", "true", "yes"))
 
 
 class _Stream:
@@ -44,40 +52,71 @@ class _Stream:
     __slots__ = (
         "body",
         "body_len",
-        "forbidden_present",
-        "json_body",
-        "record",
+        "explain",
+        "handle",
+        "headers",
+        "held",
+        "reader",
         "req_mode",
+        "request_id",
+        "request_id_generated",
         "resp_mode",
+        "response_bytes",
         "response_done",
+        "restorer",
         "routed",
         "saw_response_headers",
-        "sse",
+        "status",
         "subset",
+        "trace",
+        "trace_token",
     )
 
     def __init__(self) -> None:
         self.req_mode: int = FDS
         self.resp_mode: int = ProcessingMode.NONE
-        self.record: RequestRecord | None = None
+        self.headers: dict[str, str] | None = None
+        self.request_id = ""
+        self.request_id_generated = False
+        self.subset: list[str] | None = None
         self.body: list[bytes] = []
         self.body_len = 0
-        self.subset: list[str] | None = None
+        self.held = 0  # body bytes counted against the servicer-wide bound
+        self.handle: RequestHandle | None = None
         self.routed = False
+        self.explain = ""
         self.saw_response_headers = False
         self.response_done = False
-        self.forbidden_present: list[str] = []
-        self.sse: SseUsageReader | None = None
-        self.json_body: list[bytes] | None = None
+        self.response_bytes = 0
+        self.reader: ResponseReader | None = None
+        self.restorer: ModelNameRestorer | None = None
+        self.status = 0  # the HTTP status answered (for the trace)
+        self.trace: RequestTrace | None = None
+        self.trace_token: Token[RequestTrace | None] | None = None
 
 
 class ExtProcServicer:
+    """`max_request_body_bytes` bounds one request body (413 above it); `max_held_request_bytes` bounds the
+    request body bytes held across all streams at once (503 with Retry-After above it). `tracer` defaults
+    to the director's, so the trace the servicer starts is the one the director reports phases to."""
+
     def __init__(
-        self, director: Director, max_request_body_bytes: int = 16 << 20, enable_explain: bool = False
+        self,
+        director: Director,
+        max_request_body_bytes: int = 16 << 20,
+        enable_explain: bool = False,
+        *,
+        max_held_request_bytes: int = DEFAULT_MAX_HELD_BYTES,
+        emit_endpoint_scores: bool = False,
+        tracer: Tracer | None = None,
     ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
+        self.max_held = max_held_request_bytes
         self.enable_explain = enable_explain
+        self.emit_endpoint_scores = emit_endpoint_scores
+        self.tracer = tracer if tracer is not None else director.tracer  # one tracer for both halves
+        self.held_bytes = 0  # request body bytes held by all streams now
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -93,17 +132,22 @@ class ExtProcServicer:
 
     async def process(self, _requests: Any, ctx: grpc.aio.ServicerContext) -> None:
         st = _Stream()
-        complete = False
         try:
             await self._loop(st, ctx)
         finally:
-            if st.record is not None:
+            self._release(st)
+            handle = st.handle
+            if handle is not None and not handle.finished:
                 complete = st.response_done
                 if not complete and st.saw_response_headers and st.resp_mode == ProcessingMode.NONE:
                     # Without response bodies Envoy keeps the stream (trailer mode SEND) until the response
                     # is over, then cancels it: a stream ending after the response headers is a completion.
                     complete = True
-                self.director.finish(st.record, complete)
+                self.director.finish(handle, self._outcome(st, complete))
+            if st.trace is not None:
+                st.trace.end(st.status)
+            if st.trace_token is not None:
+                CURRENT_TRACE.reset(st.trace_token)
 
     async def _loop(self, st: _Stream, ctx: grpc.aio.ServicerContext) -> None:
         """Runs until the stream ends. `st.response_done` is set *before* the last answer is written: Envoy
@@ -117,12 +161,19 @@ class ExtProcServicer:
             kind = req.WhichOneof("request")
             if kind == "request_body":
                 rb = req.request_body
-                if rb.body:
-                    st.body.append(rb.body)
-                    st.body_len += len(rb.body)
-                    if st.body_len > self.max_body:
-                        await write(self._too_large(st))
+                chunk = rb.body
+                if chunk:
+                    size = len(chunk)
+                    if st.body_len + size > self.max_body:
+                        await write(self._reject(st, self._too_large()))
                         return
+                    if self.held_bytes + size > self.max_held:
+                        await write(self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),)))
+                        return
+                    st.body.append(chunk)
+                    st.body_len += size
+                    st.held += size
+                    self.held_bytes += size
                 if rb.end_of_stream:
                     if not await self._route(st, write, trailers=False):
                         return
@@ -130,25 +181,16 @@ class ExtProcServicer:
                     await write(codec.EMPTY_REQUEST_BODY)
             elif kind == "response_body":
                 rb = req.response_body
-                done = self._on_response_body(st, rb.body, rb.end_of_stream)
-                if done:
-                    self._finish_usage(st)
-                    st.response_done = True
-                if st.resp_mode == FDS:
-                    body = rb.body
-                    if st.record is not None and st.record.model_rewritten and body:
-                        body = _reverse_rewrite(body, st.record)
-                    for msg in codec.streamed_response_body(body, rb.end_of_stream):
-                        await write(msg)
-                else:
-                    await write(codec.EMPTY_RESPONSE_BODY)
-                if done:
+                if await self._on_response_body(st, write, rb.body, rb.end_of_stream):
                     return
             elif kind == "request_headers":
                 if req.HasField("protocol_config"):
                     st.req_mode = req.protocol_config.request_body_mode
                     st.resp_mode = req.protocol_config.response_body_mode
                 self._on_request_headers(st, req)
+                if self.tracer.enabled and st.headers is not None:
+                    st.trace = self.tracer.start_request(st.request_id, st.headers)
+                    st.trace_token = CURRENT_TRACE.set(st.trace)
                 if req.request_headers.end_of_stream:
                     if not await self._route(st, write, trailers=False, bodyless=True):
                         return
@@ -156,10 +198,10 @@ class ExtProcServicer:
                     await write(codec.EMPTY_REQUEST_HEADERS)
             elif kind == "response_headers":
                 st.saw_response_headers = True
-                answer = self._on_response_headers(st, req)
-                if req.response_headers.end_of_stream:
+                eos = req.response_headers.end_of_stream
+                if eos:
                     st.response_done = True
-                await write(answer)
+                await write(self._on_response_headers(st, req, eos))
                 if st.response_done:
                     return
             elif kind == "request_trailers":
@@ -168,146 +210,198 @@ class ExtProcServicer:
                         return
                 await write(codec.REQUEST_TRAILERS)
             elif kind == "response_trailers":
-                self._finish_usage(st)
                 st.response_done = True
-                await write(codec.RESPONSE_TRAILERS)
+                await write(codec.RESPONSE_TRAILERS + self._finish(st))
                 return
 
     # --- request side ---------------------------------------------------------------------------------
     def _on_request_headers(self, st: _Stream, req: Any) -> None:
         headers = codec.read_headers(req.request_headers)
         request_id = headers.get(h.REQUEST_ID)
-        generated = not request_id
         if not request_id:
             request_id = str(uuid.uuid4())
             headers[h.REQUEST_ID] = request_id
-        st.record = RequestRecord(request_id, headers, request_id_generated=generated)
-        st.forbidden_present = [name for name in h.CLIENT_FORBIDDEN if name in headers]
+            st.request_id_generated = True
+        st.request_id = request_id
+        st.headers = headers
         st.subset = codec.read_subset(req)
 
     async def _route(self, st: _Stream, write: Any, trailers: bool, bodyless: bool = False) -> bool:
         """Runs the director and writes the routing answer (and the body). False = an error was sent."""
-        record = st.record
-        if record is None:
+        headers = st.headers
+        if headers is None:
             raise RuntimeError("ext_proc protocol error: request body before request headers")
         body = None if bodyless else b"".join(st.body)
         st.body = []
+        inp = RequestInput(st.request_id, headers, body, st.subset, st.request_id_generated)
         try:
-            await self.director.handle_request(record, body, st.subset)
+            decision = await self.director.route(inp)
         except EppError as e:
             if log.isEnabledFor(VERBOSE):
-                log.log(
-                    VERBOSE, "request_rejected request_id=%s code=%s: %s", record.request_id, e.code.value, e.message
-                )
-            await write(codec.immediate_response(e, record.request_id))
+                log.log(VERBOSE, "request_rejected request_id=%s code=%s: %s", st.request_id, e.code.value, e.message)
+            extra = ((h.DROPPED_REASON, e.reason),) if isinstance(e, RequestDropped) else ()
+            await write(self._reject(st, e, extra))
             return False
         st.routed = True
-        extra = [(h.REQUEST_ID, record.request_id)] if record.request_id_generated else []
-        remove = [n for n in st.forbidden_present if n != h.DESTINATION]
-        if record.result is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug("scores request_id=%s %s", record.request_id, explain_scores(record))
+        st.handle = decision.handle
+        if self.enable_explain and headers.get(h.EXPLAIN_REQUEST) in _YES:
+            st.explain = explain_scores(decision)
+        if decision.model_rewritten:
+            req = decision.request
+            st.restorer = ModelNameRestorer(req.target_model, req.incoming_model)
+        if decision.result is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug("scores request_id=%s %s", st.request_id, explain_scores(decision))
         if log.isEnabledFor(VERBOSE):
             log.log(
                 VERBOSE,
                 "endpoint_picked request_id=%s model=%s target_model=%s endpoint=%s",
-                record.request_id,
-                record.incoming_model,
-                record.target_model,
-                record.destination,
+                st.request_id,
+                decision.request.incoming_model,
+                decision.request.target_model,
+                decision.destination,
             )
-        if bodyless:
-            await write(codec.route_headers_response(record.destination, None, extra, remove))
-            return True
-        out = record.body_out if record.body_out is not None else body
-        assert out is not None
-        if st.req_mode == FDS:
-            await write(codec.route_headers_response(record.destination, len(out) or None, extra, remove))
-            for msg in codec.streamed_request_body(out, eos=not trailers):
-                await write(msg)
+        extra_headers, remove = _upstream_mutation(st, headers, decision)
+        scores = decision.endpoint_scores() if self.emit_endpoint_scores else None
+        destination = decision.destination
+        if body is None:
+            await write(codec.route_headers_response(destination, None, extra_headers, remove, scores))
         else:
-            await write(codec.route_body_response(record.destination, record.body_out, extra, remove))
+            out = decision.body if decision.body is not None else body
+            del decision  # the stream keeps the handle only: no body stays referenced
+            if st.req_mode == FDS:
+                await write(codec.route_headers_response(destination, len(out) or None, extra_headers, remove, scores))
+                for msg in codec.streamed_request_body(out, eos=not trailers):
+                    await write(msg)
+            else:
+                new_body = out if out is not body else None
+                await write(codec.route_body_response(destination, new_body, extra_headers, remove, scores))
+        self._release(st)
         return True
 
-    def _too_large(self, st: _Stream) -> bytes:
+    def _reject(self, st: _Stream, err: EppError, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+        """The answer to a request the EPP refuses; the held body is let go first."""
+        st.body = []
+        self._release(st)
+        st.status = err.code.http_status
+        return codec.immediate_response(err, st.request_id, headers)
+
+    def _release(self, st: _Stream) -> None:
+        if st.held:
+            self.held_bytes -= st.held
+            st.held = 0
+
+    def _too_large(self) -> EppError:
         err = EppError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"request body is larger than the limit of {self.max_body} bytes (--max-request-body-bytes)",
         )
-        record = st.record
-        rid = record.request_id if record else ""
-        if record is not None:
-            self.director.recorder.request_error(record.incoming_model, record.target_model, err.code.value)
-        return codec.immediate_response(err, rid)
+        self.director.recorder.request_error("", "", err.code.value)
+        return err
+
+    def _overloaded(self) -> EppError:
+        err = EppError(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "the endpoint picker holds too many request bytes right now (--max-held-request-bytes): retry later",
+        )
+        self.director.recorder.request_error("", "", err.code.value)
+        return err
 
     # --- response side --------------------------------------------------------------------------------
-    def _on_response_headers(self, st: _Stream, req: Any) -> bytes:
-        record = st.record
-        if record is None:
-            return codec.EMPTY_RESPONSE_HEADERS
+    def _on_response_headers(self, st: _Stream, req: Any, eos: bool) -> bytes:
+        handle = st.handle
+        if handle is None:
+            return codec.response_headers_response({}, ())
         headers = codec.read_some_headers(req.response_headers, _RESPONSE_HEADERS)
-        status = headers.get(":status", "")
-        record.response_status = int(status) if status.isdigit() else 0
-        record.response_streaming = "text/event-stream" in headers.get(h.CONTENT_TYPE, "")
+        status_text = headers.get(":status", "")
+        status = int(status_text) if status_text.isdigit() else 0
+        st.status = status
         served = codec.read_metadata(req, h.LB_NAMESPACE, h.DESTINATION_SERVED)
         if not isinstance(served, str) or not served:
             served = headers.get(h.DESTINATION_SERVED, "")
-        record.served_endpoint = served or record.destination.split(",", 1)[0]
-        if st.resp_mode == FDS:
-            if record.response_streaming:
-                st.sse = SseUsageReader()
-            else:
-                st.json_body = []
-        set_headers: dict[str, str] = {}
+        seen = ResponseSeen(
+            status=status,
+            served_endpoint=served,
+            streaming="text/event-stream" in headers.get(h.CONTENT_TYPE, ""),
+            headers=headers,
+        )
+        plan = self.director.response_received(handle, seen)
+        set_headers: dict[str, str] = dict(plan.headers)
         remove: list[str] = []
         if h.DESTINATION_SERVED in headers:
             remove.append(h.DESTINATION_SERVED)
-        if record.served_endpoint:
-            set_headers[h.CONFORMANCE_SERVED] = record.served_endpoint
-        if self.enable_explain and record.headers.get(h.EXPLAIN_REQUEST) in _YES and record.result is not None:
-            set_headers[h.SCORES] = explain_scores(record)
-        if record.model_rewritten and st.resp_mode == FDS and h.CONTENT_LENGTH in headers:
-            remove.append(h.CONTENT_LENGTH)  # the reverse rewrite may change the length
-        self.director.response_received(record, _response_info(record))
-        plugin_headers = record.cycle.read(RESPONSE_HEADERS_KEY)
-        if plugin_headers:
-            set_headers.update(plugin_headers)
-        return codec.response_headers_response(set_headers, remove)
+        if st.explain:
+            set_headers[h.EXPLAIN_RESPONSE] = st.explain
+        if st.resp_mode == FDS:
+            st.reader = plan.reader
+            if st.restorer is not None and h.CONTENT_LENGTH in headers:
+                remove.append(h.CONTENT_LENGTH)  # restoring the model name may change the length
+        else:
+            st.restorer = None
+        metadata = self.director.finish(handle, self._outcome(st, True)) if eos else None
+        return codec.response_headers_response(set_headers, remove, metadata)
 
-    def _on_response_body(self, st: _Stream, body: bytes, eos: bool) -> bool:
-        record = st.record
-        if record is None:
-            return eos
-        record.response_bytes += len(body)
-        if st.sse is not None:
-            st.sse.feed(body)
-        elif st.json_body is not None:
-            if record.response_bytes <= _MAX_USAGE_BODY:
-                st.json_body.append(body)
-            else:
-                st.json_body = None
+    async def _on_response_body(self, st: _Stream, write: Any, body: bytes, eos: bool) -> bool:
+        """Echoes (and restores) one response chunk; True when the response is over."""
+        st.response_bytes += len(body)
+        if st.reader is not None:
+            st.reader.feed(body, eos)
+        tail = b""
+        if eos:
+            st.response_done = True
+            tail = self._finish(st)
+        if st.resp_mode == FDS:
+            restorer = st.restorer
+            if restorer is not None:
+                body = restorer.feed(body) if body else b""
+                if eos:
+                    body += restorer.flush()
+            answers = codec.streamed_response_body(body, eos)
+            if tail:
+                answers[-1] += tail
+            for msg in answers:
+                await write(msg)
+        else:
+            await write(codec.EMPTY_RESPONSE_BODY + tail)
         return eos
 
-    def _finish_usage(self, st: _Stream) -> None:
-        record = st.record
-        if record is None:
-            return
-        if st.sse is not None:
-            st.sse.finish()
-            record.usage = st.sse.usage
-        elif st.json_body:
-            record.usage = usage_from_json(b"".join(st.json_body))
-            st.json_body = None
+    def _finish(self, st: _Stream) -> bytes:
+        """Ends the request in the director before the last answer is written, so the response metadata the
+        ResponseComplete hooks produce rides on that answer."""
+        handle = st.handle
+        if handle is None or handle.finished:
+            return b""
+        return codec.dynamic_metadata(self.director.finish(handle, self._outcome(st, True)))
+
+    @staticmethod
+    def _outcome(st: _Stream, complete: bool) -> Outcome:
+        reader = st.reader
+        return Outcome(
+            complete=complete,
+            usage=reader.usage if reader is not None else None,
+            response_bytes=st.response_bytes,
+        )
 
 
-_YES = frozenset(("1", "true", "yes"))
+def _upstream_mutation(
+    st: _Stream, headers: Mapping[str, str], decision: RoutingDecision
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Headers to set on the routed request, and client-sent headers to remove (control headers, and copies
+    of the headers the EPP sets)."""
+    extra = list(decision.upstream_headers.items())
+    if st.request_id_generated:
+        extra.append((h.REQUEST_ID, st.request_id))
+    setting = {name for name, _ in extra}
+    setting.add(h.DESTINATION)
+    remove = [name for name in h.CLIENT_FORBIDDEN if name in headers and name not in setting]
+    return extra, remove
 
 
-def explain_scores(record: RequestRecord) -> str:
+def explain_scores(decision: RoutingDecision) -> str:
     """`ip:port;total=T;<plugin>=<weighted score>;...` per candidate, best first, comma-separated."""
-    primary = record.result.primary if record.result is not None else None
+    primary = decision.result.primary if decision.result is not None else None
     if primary is None:
         return ""
-    hostports = {e.key: e.hostport for e in record.candidates}
+    hostports = {e.key: e.hostport for e in decision.candidates}
     rows = []
     for key, parts in primary.scores.items():
         hostport = hostports.get(key) or str(key)
@@ -320,22 +414,3 @@ def explain_scores(record: RequestRecord) -> str:
         )
     rows.sort(key=lambda r: -r[0])
     return ", ".join(text for _, text in rows)
-
-
-def _response_info(record: RequestRecord) -> ResponseInfo:
-    return ResponseInfo(
-        status=record.response_status,
-        served_endpoint=record.served_endpoint,
-        streaming=record.response_streaming,
-    )
-
-
-def _reverse_rewrite(body: bytes, record: RequestRecord) -> bytes:
-    """Put the client's model name back into response bytes (both JSON spacings)."""
-    target = record.target_model.encode()
-    incoming = record.incoming_model.encode()
-    for pattern in (b'"model":"%s"', b'"model": "%s"'):
-        old = pattern % target
-        if old in body:
-            body = body.replace(old, pattern % incoming)
-    return body

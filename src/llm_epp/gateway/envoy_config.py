@@ -30,6 +30,7 @@ import yaml
 # before ``ParseDict`` can resolve it; importing the generated modules does that.
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2 as _filter_header_mutation  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
     http_connection_manager_pb2,
@@ -74,6 +75,7 @@ _TYPE = "type.googleapis.com/"
 _HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _EARLY_HEADER_MUTATION_TYPE = _TYPE + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
+_HEADER_MUTATION_TYPE = _TYPE + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 _ROUTER_TYPE = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _HTTP_OPTIONS_TYPE = _TYPE + _HTTP_OPTIONS_KEY
@@ -243,6 +245,21 @@ def strip_control_headers() -> dict[str, Any]:
     }
 
 
+def strip_served_header() -> dict[str, Any]:
+    """HTTP filter that removes the served-endpoint header from responses to clients.
+
+    The route adds the header for the EPP. Listed before ext_proc, this filter sees responses after ext_proc
+    (response filters run in reverse order), so the EPP still reads the header, and a pod address never
+    reaches a client, also when the EPP is down (FailOpen) or skips response headers."""
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": _HEADER_MUTATION_TYPE,
+            "mutations": {"response_mutations": [{"remove": SERVED_HEADER}]},
+        },
+    }
+
+
 def ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
     return {
         "name": "envoy.filters.http.ext_proc",
@@ -329,10 +346,10 @@ def routes_block(opts: EnvoyConfigOptions) -> list[dict[str, Any]]:
 def http_connection_manager(opts: EnvoyConfigOptions) -> dict[str, Any]:
     hcm: dict[str, Any] = {"@type": _HCM_TYPE, "stat_prefix": "gateway", "codec_type": "AUTO"}
     if opts.no_epp:
-        http_filters = [router_filter()]
+        http_filters = [strip_served_header(), router_filter()]
     else:
         hcm["early_header_mutation_extensions"] = [strip_control_headers()]
-        http_filters = [ext_proc_filter(opts), router_filter()]
+        http_filters = [strip_served_header(), ext_proc_filter(opts), router_filter()]
     return {
         **hcm,
         "route_config": {

@@ -1,6 +1,7 @@
 """The direct-routing gRPC API (`llm_epp.v1.EndpointPicker`): a second adapter over the same Director
-as ext_proc, for callers that are not Envoy. Protobuf stops here: requests become RequestRecords,
-decisions and EppErrors become answers and gRPC status codes."""
+as ext_proc, for callers that are not Envoy. Protobuf stops here: requests become RequestInputs,
+RoutingDecisions and EppErrors become answers and gRPC status codes. A lease holds only the director's
+handle (no request bytes)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import grpc
 
 from llm_epp.api.v1 import picker_pb2 as pb
 from llm_epp.framework import Endpoint, EndpointKey, EppError, ErrorCode, TypedName
-from llm_epp.framework.requestcontrol import ResponseInfo, Usage
+from llm_epp.framework.requestcontrol import Usage
 from llm_epp.pickapi.leases import LeaseTable
+from llm_epp.requestcontrol.decision import Outcome, RequestInput, ResponseSeen, RoutingDecision
 from llm_epp.requestcontrol.director import Director
-from llm_epp.requestcontrol.lifecycle import RequestRecord
-from llm_epp.requestcontrol.parsing import DEFAULT_PATH
+from llm_epp.requestcontrol.lifecycle import RequestHandle
+from llm_epp.requestcontrol.parsers import DEFAULT_PATH
 from llm_epp.scheduling.profile import TOTAL
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,39 @@ _GRPC_CODE = {
 def grpc_code(error: EppError) -> Any:
     """The gRPC status code for an EppError (INTERNAL for statuses without a better match)."""
     return _GRPC_CODE.get(error.code.http_status, grpc.StatusCode.INTERNAL)
+
+
+class LeaseFinisher:
+    """Ends a leased request in the director (the lease table's `finish(record, complete)`)."""
+
+    def __init__(self, director: Director) -> None:
+        self._director = director
+
+    def finish(self, record: RequestHandle, complete: bool) -> None:
+        self._director.finish(record, Outcome(complete=complete))
+
+
+_BAD_MESSAGE = object()
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A deserializer that turns undecodable bytes into a marker, answered INVALID_ARGUMENT by the method
+    (gRPC would otherwise answer with the parser's exception text)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # protobuf's DecodeError and friends: the caller sent garbage
+            return _BAD_MESSAGE
+
+    return parse
+
+
+async def _reject_malformed(context: grpc.aio.ServicerContext, message_type: Any) -> None:
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"the request is not a valid {message_type.DESCRIPTOR.full_name} message",
+    )
 
 
 StatsFn = Callable[[EndpointKey], Mapping[str, float]]
@@ -80,7 +115,7 @@ class PickServicer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.director = director
-        self.leases = leases if leases is not None else LeaseTable(director)
+        self.leases = leases if leases is not None else LeaseTable(LeaseFinisher(director))
         self.max_body = max_request_body_bytes
         self._snapshot = snapshot
         self._stats = _stats_sources(plugins)
@@ -89,7 +124,7 @@ class PickServicer:
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(fn: Any, request: Any, response: Any) -> Any:
             return grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+                fn, request_deserializer=_lenient(request), response_serializer=response.SerializeToString
             )
 
         return grpc.method_handlers_generic_handler(
@@ -106,7 +141,9 @@ class PickServicer:
 
     # --- Pick -----------------------------------------------------------------------------------------
     async def pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
-        record = self._record(request)
+        if request is _BAD_MESSAGE:
+            await _reject_malformed(context, pb.PickRequest)
+        inp = self._input(request)
         dry_run = request.dry_run
         try:
             if len(request.body) > self.max_body:
@@ -117,54 +154,55 @@ class PickServicer:
                     "(--max-request-body-bytes)",
                 )
             subset = list(request.subset.endpoints) if request.HasField("subset") else None
-            await self.director.handle_request(record, request.body, subset, dry_run=dry_run)
+            decision = await self.director.route(
+                RequestInput(inp.request_id, inp.headers, request.body, subset, inp.request_id_generated),
+                dry_run=dry_run,
+            )
         except EppError as e:
             if log.isEnabledFor(VERBOSE):
-                log.log(VERBOSE, "pick_rejected request_id=%s code=%s: %s", record.request_id, e.code.value, e.message)
+                log.log(VERBOSE, "pick_rejected request_id=%s code=%s: %s", inp.request_id, e.code.value, e.message)
             await context.abort(grpc_code(e), e.message)
             raise AssertionError("unreachable: context.abort raises") from None
-        except BaseException:
-            self.director.finish(record, complete=False)  # nothing leaks if cancelled mid-way (idempotent)
-            raise
-        response = self._decision(record)
+        response = self._decision(decision)
         if not dry_run:
-            lease = self.leases.grant(record, request.lease_ttl_seconds)
+            try:
+                lease = self.leases.grant(decision.handle, request.lease_ttl_seconds)
+            except BaseException:
+                self.director.finish(decision.handle, Outcome(complete=False))  # nothing leaks
+                raise
             response.lease_id = lease.lease_id
             response.lease_expires_in_seconds = self.leases.expires_in(lease)
         if log.isEnabledFor(VERBOSE):
             log.log(
                 VERBOSE,
                 "endpoint_picked request_id=%s model=%s target_model=%s endpoint=%s api=pick dry_run=%s",
-                record.request_id,
-                record.incoming_model,
-                record.target_model,
-                record.destination,
+                inp.request_id,
+                decision.request.incoming_model,
+                decision.request.target_model,
+                decision.destination,
                 dry_run,
             )
         return response
 
-    def _record(self, request: pb.PickRequest) -> RequestRecord:
+    def _input(self, request: pb.PickRequest) -> RequestInput:
         headers = {name.lower(): value for name, value in request.headers.items()}
         headers[PATH] = request.path or DEFAULT_PATH
         request_id = headers.get(REQUEST_ID)
         generated = not request_id
         if not request_id:
             request_id = headers[REQUEST_ID] = str(uuid.uuid4())
-        return RequestRecord(request_id, headers, request_id_generated=generated)
+        return RequestInput(request_id, headers, None, None, generated)
 
-    def _decision(self, record: RequestRecord) -> pb.PickResponse:
-        result = record.result
+    def _decision(self, decision: RoutingDecision) -> pb.PickResponse:
+        result = decision.result
         primary = result.primary if result is not None else None
-        if primary is not None:
-            targets: Sequence[Endpoint] = primary.target_endpoints
-        else:
-            targets = (record.endpoint,) if record.endpoint is not None else ()
+        targets: Sequence[Endpoint] = primary.target_endpoints if primary is not None else (decision.endpoint,)
         response = pb.PickResponse(
-            request_id=record.request_id,
+            request_id=decision.request.request_id,
             endpoint=targets[0].hostport if targets else "",
             fallbacks=[e.hostport for e in targets[1:]],
-            target_model=record.target_model,
-            rewritten_body=record.body_out or b"",
+            target_model=decision.request.target_model,
+            rewritten_body=decision.body or b"",
         )
         if primary is not None and primary.scores:
             hostports = {e.key: e.hostport for e in self._snapshot()}
@@ -182,29 +220,31 @@ class PickServicer:
 
     # --- Release --------------------------------------------------------------------------------------
     async def release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        record = self.leases.take(request.lease_id)
-        if record is None:
+        if request is _BAD_MESSAGE:
+            await _reject_malformed(context, pb.ReleaseRequest)
+        handle = self.leases.take(request.lease_id)
+        if handle is None:
             return pb.ReleaseResponse(released=False)
+        usage = None
         if request.HasField("usage"):
             u = request.usage
-            record.usage = Usage(
+            usage = Usage(
                 prompt_tokens=u.prompt_tokens,
                 completion_tokens=u.completion_tokens,
                 total_tokens=u.prompt_tokens + u.completion_tokens,
                 cached_tokens=u.cached_tokens,
             )
-        record.response_status = 200 if request.success else ErrorCode.MODEL_SERVER_ERROR.http_status
-        record.served_endpoint = record.endpoint.hostport if record.endpoint is not None else ""
-        self.director.response_received(
-            record, ResponseInfo(status=record.response_status, served_endpoint=record.served_endpoint)
-        )
-        self.director.finish(record, complete=True)
+        status = 200 if request.success else ErrorCode.MODEL_SERVER_ERROR.http_status
+        self.director.response_received(handle, ResponseSeen(status=status))
+        self.director.finish(handle, Outcome(complete=True, status=status, usage=usage))
         return pb.ReleaseResponse(released=True)
 
     # --- ListEndpoints --------------------------------------------------------------------------------
     async def list_endpoints(
         self, request: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEndpointsResponse:
+        if request is _BAD_MESSAGE:
+            await _reject_malformed(context, pb.ListEndpointsRequest)
         now = self._clock()
         return pb.ListEndpointsResponse(endpoints=[self._endpoint_info(ep, now) for ep in self._snapshot()])
 

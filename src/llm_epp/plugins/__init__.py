@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llm_epp.framework import Registry
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
+from llm_epp.plugins.parsers import openai_parser, passthrough_parser
 from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
 from llm_epp.plugins.scheduling import (
     active_request_scorer,
@@ -57,6 +58,8 @@ _MODULES = (
     prefix_hash_scorer,
     metrics_data_source,
     core_metrics_extractor,
+    openai_parser,
+    passthrough_parser,
 )
 
 

@@ -1,6 +1,18 @@
 """The director: parse -> objective -> candidates -> prepare-data -> admission -> schedule -> pre-request,
-and on the way back response hooks, run exactly once per request. Protocol-free: the ext_proc adapter
-turns protobuf into calls here and EppError into immediate responses."""
+and on the way back the response hooks, run exactly once per request. Protocol-free: an adapter (ext_proc,
+the Pick API, the simulator) turns what it received into a `RequestInput`, gets a `RoutingDecision` back
+(or an EppError to answer the client with), and reports the response as values.
+
+Order of calls for one request:
+
+1. `decision = await director.route(RequestInput(...), dry_run=False)`; an EppError means "answer the
+   client with it" (nothing is reserved, `finish` is not needed).
+2. Optionally `plan = director.response_received(decision.handle, ResponseSeen(...))` when the response
+   headers arrive: `plan.headers` go to the client, `plan.reader` (if any) is fed the response body.
+3. `metadata = director.finish(decision.handle, Outcome(...))` exactly once when the request ends (more
+   calls do nothing); it releases in-flight load, runs ResponseComplete hooks and records metrics, and
+   returns the response dynamic metadata plugins asked for (RESPONSE_METADATA_KEY).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +34,11 @@ from llm_epp.framework import (
     TypedName,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.parsing import Parser
 from llm_epp.framework.requestcontrol import (
+    REQUEST_HEADERS_KEY,
+    RESPONSE_HEADERS_KEY,
+    RESPONSE_METADATA_KEY,
     Admission,
     PrepareData,
     PreRequest,
@@ -30,19 +46,40 @@ from llm_epp.framework.requestcontrol import (
     ResponseInfo,
     ResponseReceived,
 )
-from llm_epp.framework.types import ApiKind, RequestBody, split_host_port
-from llm_epp.requestcontrol.lifecycle import RequestRecord
-from llm_epp.requestcontrol.parsing import parse_request, request_path, rewrite_model
+from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
+from llm_epp.framework.types import ApiKind, RequestBody
+from llm_epp.requestcontrol.decision import (
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_SATURATED,
+    NOTHING_TO_ADD,
+    Outcome,
+    RequestDropped,
+    RequestInput,
+    ResponsePlan,
+    ResponseSeen,
+    RoutingDecision,
+)
+from llm_epp.requestcontrol.lifecycle import RequestHandle
+from llm_epp.requestcontrol.parsers import ParserTable, request_path
 from llm_epp.scheduling import Scheduler, SchedulingFailedError
 
 log = logging.getLogger(__name__)
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-TEST_SELECTION_HEADER = "test-epp-endpoint-selection"
+# Control headers: llm-d-router's names first, GIE's `x-gateway-*` names as aliases.
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
 DEFAULT_FAIRNESS_ID = "default-flow"
 PREPARE_DATA_TIMEOUT_S = 0.4
+
+
+def header_value(headers: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """The value of the first of `names` present (current name, then deprecated aliases), or None."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
 
 
 @dataclass
@@ -85,29 +122,38 @@ def estimate_tokens(body_bytes: int) -> int:
     return prompt + int(prompt * 1.5 + 0.5)  # Go's math.Round: halves away from zero
 
 
-def _matches(entry: str, endpoint: Endpoint) -> bool:
-    try:
-        host, port = split_host_port(entry)
-    except ValueError:
-        return False
-    return host == endpoint.metadata.address and (port is None or port == endpoint.metadata.port)
-
-
 def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> list[Endpoint]:
-    """Endpoints named in `entries` (`ip` or `ip:port`; port-aware when a port is given)."""
-    wanted = {e.strip() for item in entries for e in item.split(",") if e.strip()}
-    loose = [w for w in wanted if not _has_port(w)]  # bare IPs match every port of that address
-    return [ep for ep in endpoints if ep.hostport in wanted or any(_matches(w, ep) for w in loose)]
+    """Endpoints named in `entries` (each a comma list of `ip:port` or a bare `ip`, which names every port of
+    that address), in pool order. Linear in endpoints + entries: one set of `ip:port`s, one of addresses."""
+    hostports: set[str] = set()
+    addresses: set[str] = set()
+    for item in entries:
+        for entry in item.split(","):
+            entry = entry.strip()
+            if not entry:
+                continue
+            if entry.startswith("["):  # [v6]:port or [v6]
+                if "]:" in entry:
+                    hostports.add(entry)
+                else:
+                    addresses.add(entry[1:].rstrip("]"))
+            elif entry.count(":") == 1:  # v4:port
+                hostports.add(entry)
+            else:  # v4, or a bare v6 address
+                addresses.add(entry)
+    if not addresses:
+        return [ep for ep in endpoints if ep.hostport in hostports]
+    return [ep for ep in endpoints if ep.hostport in hostports or ep.metadata.address in addresses]
 
 
-def _has_port(entry: str) -> bool:
-    try:
-        return split_host_port(entry)[1] is not None
-    except ValueError:
-        return True
+def _now_ns() -> int:
+    return time.time_ns()
 
 
 class Director:
+    """Routes requests and runs the request-control hooks. `clock` times every duration it measures (inject a
+    virtual clock to run it in simulated time); `parsers` in resolution order (see `ParserTable`)."""
+
     def __init__(
         self,
         snapshot: Callable[[], Sequence[Endpoint]],
@@ -117,6 +163,10 @@ class Director:
         options: DirectorOptions | None = None,
         rng: random.Random | None = None,
         saturation: SaturationDetector | None = None,
+        *,
+        parsers: Sequence[Parser] = (),
+        clock: Callable[[], float] = time.monotonic,
+        tracer: Tracer = NULL_TRACER,
     ) -> None:
         self._snapshot = snapshot
         self.scheduler = scheduler
@@ -124,112 +174,158 @@ class Director:
         self.recorder = recorder
         self.options = options or DirectorOptions()
         self.saturation = saturation
+        self.parsers = ParserTable(parsers)
+        self.clock = clock
+        self.tracer = tracer
         self._rng = rng or random.Random()
 
     # --- request path ---------------------------------------------------------------------------------
-    def candidates(self, headers: Mapping[str, str], subset: Sequence[str] | None) -> list[Endpoint]:
+    def candidates(self, subset: Sequence[str] | None) -> list[Endpoint]:
         endpoints: Sequence[Endpoint] = self._snapshot()
         if not endpoints:
-            raise EppError(
+            raise RequestDropped(
                 ErrorCode.SERVICE_UNAVAILABLE,
                 "no endpoints in the inference pool: check that model-server pods are ready and match the pool",
+                DROPPED_NO_ENDPOINTS,
             )
-        selection = headers.get(TEST_SELECTION_HEADER)
-        if selection is not None:
-            endpoints = filter_by_list(endpoints, [selection])
-        elif subset is not None and not self.options.disable_subset_filter:
+        if subset is not None and not self.options.disable_subset_filter:
             endpoints = filter_by_list(endpoints, subset)
         if not endpoints:
-            raise EppError(
+            raise RequestDropped(
                 ErrorCode.SERVICE_UNAVAILABLE,
                 "failed to find endpoint candidates for serving the request: "
                 "the gateway's endpoint subset matches no endpoint of the pool",
+                DROPPED_NO_ENDPOINTS,
             )
         return list(endpoints)
 
-    async def handle_request(
-        self, record: RequestRecord, body: bytes | None, subset: Sequence[str] | None, dry_run: bool = False
-    ) -> None:
-        """Fills `record` with the routing decision. Raises EppError for answers to send to the client.
+    async def route(self, inp: RequestInput, dry_run: bool = False) -> RoutingDecision:
+        """Decides where the request goes. Raises EppError for answers to send to the client.
 
         `dry_run` decides without reserving anything: no PreRequest hooks (which update e.g. the prefix
-        index), no in-flight accounting, no running-request metrics."""
-        headers = record.headers
-        record.path = request_path(headers)
-        if body is None:
-            self._route_bodyless(record, subset)
-            return
-        record.request_bytes = len(body)
+        index), no in-flight accounting, no running-request metrics; `finish` is then a no-op."""
+        received = inp.received_at if inp.received_at is not None else self.clock()
+        handle = RequestHandle(inp.request_id, received)
+        if inp.body is None:
+            return self._route_bodyless(inp, handle)
+        trace = CURRENT_TRACE.get() if self.tracer.enabled else None
+        t0 = _now_ns() if trace is not None else 0
+        body = inp.body
+        headers = inp.headers
+        path = request_path(headers)
         try:
-            parsed, incoming = parse_request(record.path, body)
+            parser = self.parsers.resolve(path)
+            parsed = parser.parse_request(path, headers, body)
         except EppError as e:
             self.recorder.request_error("", "", e.code.value)
             raise
+        incoming = parsed.model
         objectives = self.options.objectives
-        target = headers.get(MODEL_REWRITE_HEADER) or incoming
-        rule = objectives.rewrite(incoming)
+        target = header_value(headers, MODEL_REWRITE_HEADERS) or incoming
+        rule = objectives.rewrite(incoming) if incoming else None
         if rule is not None:
             target = rule[0]
             self.recorder.model_rewrite(rule[1], incoming, target)
-        record.incoming_model, record.target_model = incoming, target
-        objective = headers.get(OBJECTIVE_HEADER, "")
+        body_out = parser.rewrite_model(parsed, body, target) if incoming and target != incoming else None
+        objective = header_value(headers, OBJECTIVE_HEADERS) or ""
         priority = objectives.priority(objective) if objective else None
         request = InferenceRequest(
-            request_id=record.request_id,
+            request_id=inp.request_id,
             incoming_model=incoming,
             target_model=target,
-            body=parsed,
+            body=parsed.body,
             headers=headers,
             priority=priority or 0,
             objective=objective,
-            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            fairness_id=header_value(headers, FAIRNESS_HEADERS) or DEFAULT_FAIRNESS_ID,
             size_bytes=len(body),
         )
-        record.request = request
-        cycle = record.cycle
+        handle.request, handle.parser, handle.parsed = request, parser, parsed
+        handle.forwarded_bytes = len(body_out) if body_out is not None else len(body)
+        cycle = handle.cycle
+        if trace is not None:
+            t1 = _now_ns()
+            trace.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
+            t0 = t1
         try:
-            candidates = self.candidates(headers, subset)
-            record.candidates = candidates
+            candidates = self.candidates(inp.subset)
             self._shed_if_saturated(request, candidates)
-            await self._prepare_and_admit(cycle, request, candidates)
+            if trace is not None:
+                t1 = _now_ns()
+                trace.phase("admission", t0, t1)
+                t0 = t1
+            await self._prepare_and_admit(cycle, request, candidates, trace)
+            if trace is not None:
+                t0 = _now_ns()
             try:
                 result = self.scheduler.schedule(request, candidates, cycle)
             except SchedulingFailedError as e:
                 self.recorder.scheduler_attempt(False, target, "", "", "")
-                raise EppError(ErrorCode.RESOURCE_EXHAUSTED, str(e)) from None
+                raise RequestDropped(ErrorCode.RESOURCE_EXHAUSTED, str(e), DROPPED_SATURATED) from None
+            if trace is not None:
+                t1 = _now_ns()
+                trace.phase("schedule", t0, t1)
+                t0 = t1
         except EppError as e:
             self.recorder.request_error(incoming, target, e.code.value)
             raise
         primary = result.primary
         assert primary is not None
-        record.result = result
-        record.endpoint = primary.target_endpoints[0]
-        record.destination = ",".join(e.hostport for e in primary.target_endpoints)
-        if target != incoming:
-            record.body_out = rewrite_model(parsed.payload, target)
-        key = record.endpoint.key
-        self.recorder.scheduler_attempt(True, target, key.name, key.namespace, str(record.endpoint.metadata.port))
-        if dry_run:
-            return
-        self.recorder.request_scheduled(incoming, target, request.priority)
-        self.recorder.running_requests(incoming, 1)
-        load = record.endpoint.load
-        record.reserved_tokens = estimate_tokens(len(body))
-        load.requests += 1
-        load.tokens += record.reserved_tokens
-        record.scheduled = True
-        for plugin in self.plugins.pre_request:
-            try:
-                plugin.pre_request(cycle, request, result)
-            except Exception:
-                self._plugin_failed("PreRequest", plugin.typed_name)
+        endpoint = primary.target_endpoints[0]
+        destination = ",".join(e.hostport for e in primary.target_endpoints)
+        key = endpoint.key
+        self.recorder.scheduler_attempt(True, target, key.name, key.namespace, str(endpoint.metadata.port))
+        handle.endpoint = endpoint
+        upstream: dict[str, str] = {}
+        if not dry_run:
+            self.recorder.request_scheduled(incoming, target, request.priority)
+            self.recorder.running_requests(incoming, 1)
+            handle.reserved_tokens = estimate_tokens(len(body))
+            load = endpoint.load
+            load.requests += 1
+            load.tokens += handle.reserved_tokens
+            handle.scheduled = True
+            for plugin in self.plugins.pre_request:
+                try:
+                    plugin.pre_request(cycle, request, result)
+                except Exception:
+                    self._plugin_failed("PreRequest", plugin.typed_name)
+            plugin_headers = cycle.read(REQUEST_HEADERS_KEY)
+            if plugin_headers:
+                upstream.update((k.lower(), v) for k, v in plugin_headers.items())
+            if trace is not None:
+                trace.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
+        if trace is not None:
+            trace.inject(upstream)
+        return RoutingDecision(
+            request=request,
+            result=result,
+            endpoint=endpoint,
+            destination=destination,
+            handle=handle,
+            body=body_out,
+            upstream_headers=upstream,
+            candidates=tuple(candidates),
+        )
 
-    def _route_bodyless(self, record: RequestRecord, subset: Sequence[str] | None) -> None:
-        candidates = self.candidates(record.headers, subset)
+    def _route_bodyless(self, inp: RequestInput, handle: RequestHandle) -> RoutingDecision:
+        candidates = self.candidates(inp.subset)
         chosen = candidates[0] if len(candidates) == 1 else self._rng.choice(candidates)
-        record.endpoint = chosen
-        record.destination = chosen.hostport
-        record.request = InferenceRequest(record.request_id, "", "", RequestBody(ApiKind.NONE), headers=record.headers)
+        request = InferenceRequest(inp.request_id, "", "", RequestBody(ApiKind.NONE), headers=inp.headers)
+        handle.request, handle.endpoint = request, chosen
+        upstream: dict[str, str] = {}
+        trace = CURRENT_TRACE.get() if self.tracer.enabled else None
+        if trace is not None:
+            trace.inject(upstream)
+        return RoutingDecision(
+            request=request,
+            result=None,
+            endpoint=chosen,
+            destination=chosen.hostport,
+            handle=handle,
+            upstream_headers=upstream,
+            candidates=tuple(candidates),
+        )
 
     def _shed_if_saturated(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         """Legacy admission: a sheddable request (priority < 0) is refused while the candidates are saturated."""
@@ -242,8 +338,13 @@ class Director:
             )
 
     async def _prepare_and_admit(
-        self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
+        self,
+        cycle: CycleState,
+        request: InferenceRequest,
+        candidates: Sequence[Endpoint],
+        trace: RequestTrace | None,
     ) -> None:
+        t0 = _now_ns() if trace is not None else 0
         for plugin in self.plugins.prepare_data:
             try:
                 async with asyncio.timeout(PREPARE_DATA_TIMEOUT_S):
@@ -253,64 +354,96 @@ class Director:
             except Exception:
                 log.exception("prepare_data_failed plugin=%s", plugin.typed_name)
                 self.recorder.plugin_error("PrepareData", plugin.typed_name)
+        if trace is not None:
+            t1 = _now_ns()
+            trace.phase("prepare_data", t0, t1)
+            t0 = t1
         for admission in self.plugins.admission:
             reason = await admission.admit(cycle, request, candidates)
             if reason is not None:
                 raise EppError(ErrorCode.INTERNAL, f"request cannot be admitted: {reason}")
+        if trace is not None and self.plugins.admission:
+            trace.phase("admission", t0, _now_ns(), {"plugins": len(self.plugins.admission)})
 
     # --- response path --------------------------------------------------------------------------------
-    def response_received(self, record: RequestRecord, info: ResponseInfo) -> None:
-        request = record.request
-        if request is None or not record.scheduled:
-            return
+    def response_received(self, handle: RequestHandle, seen: ResponseSeen) -> ResponsePlan:
+        """The response headers arrived: runs ResponseReceived hooks; returns the headers they want added to
+        the client's response and, when the parser reads usage, a fresh reader for the body."""
+        handle.status = seen.status
+        handle.streaming = seen.streaming
+        endpoint = handle.endpoint
+        handle.served_endpoint = seen.served_endpoint or (endpoint.hostport if endpoint is not None else "")
+        request = handle.request
+        if request is None or not handle.scheduled:
+            return ResponsePlan()
+        info = ResponseInfo(
+            status=seen.status,
+            headers=seen.headers,
+            served_endpoint=handle.served_endpoint,
+            streaming=seen.streaming,
+        )
         for plugin in self.plugins.response_received:
             try:
-                plugin.response_received(record.cycle, request, info, record.endpoint)
+                plugin.response_received(handle.cycle, request, info, endpoint)
             except Exception:
                 self._plugin_failed("ResponseReceived", plugin.typed_name)
+        reader = None
+        parser, parsed = handle.parser, handle.parsed
+        if parser is not None and parsed is not None and not parsed.skip_response_processing:
+            reader = parser.response_reader(parsed, seen.headers)
+        added = handle.cycle.read(RESPONSE_HEADERS_KEY)
+        return ResponsePlan(dict(added) if added else {}, reader)
 
-    def finish(self, record: RequestRecord, complete: bool) -> None:
-        """Ends the request exactly once: completion hooks, running-requests gauge and metrics.
-        Safe to call again (later calls do nothing)."""
-        if record.finished:
-            return
-        record.finished = True
-        if not record.scheduled or record.request is None:
-            return
-        endpoint = record.endpoint
+    def finish(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
+        """Ends the request exactly once: releases the in-flight reservation, runs ResponseComplete hooks,
+        updates the running-requests gauge and metrics. Returns the response dynamic metadata the hooks
+        asked for (namespace -> key -> value). Later calls do nothing and return {}."""
+        if handle.finished:
+            return NOTHING_TO_ADD
+        handle.finished = True
+        request = handle.request
+        if not handle.scheduled or request is None:
+            return NOTHING_TO_ADD
+        endpoint = handle.endpoint
         if endpoint is not None:  # release the reservation (a removed endpoint's counter is simply dropped)
             load = endpoint.load
             load.requests = max(load.requests - 1, 0)
-            load.tokens = max(load.tokens - record.reserved_tokens, 0)
-        request = record.request
+            load.tokens = max(load.tokens - handle.reserved_tokens, 0)
+        status = outcome.status or handle.status
         info = ResponseInfo(
-            status=record.response_status,
-            served_endpoint=record.served_endpoint,
-            usage=record.usage,
-            streaming=record.response_streaming,
-            complete=complete,
+            status=status,
+            served_endpoint=handle.served_endpoint or (endpoint.hostport if endpoint is not None else ""),
+            usage=outcome.usage,
+            streaming=handle.streaming,
+            complete=outcome.complete,
         )
+        cycle = handle.cycle
         for plugin in self.plugins.response_complete:
             try:
-                plugin.response_complete(record.cycle, request, info, record.endpoint)
+                plugin.response_complete(cycle, request, info, endpoint)
             except Exception:
                 self._plugin_failed("ResponseComplete", plugin.typed_name)
         rec = self.recorder
-        rec.running_requests(record.incoming_model, -1)
-        if complete and record.response_status and record.response_status >= 400:
-            rec.request_error(record.incoming_model, record.target_model, ErrorCode.MODEL_SERVER_ERROR.value)
-        if complete:
-            usage = record.usage
+        incoming, target = request.incoming_model, request.target_model
+        rec.running_requests(incoming, -1)
+        if outcome.complete:
+            if status >= 400:
+                rec.request_error(incoming, target, ErrorCode.MODEL_SERVER_ERROR.value)
+            usage = outcome.usage
             rec.request_completed(
-                record.incoming_model,
-                record.target_model,
-                time.monotonic() - record.received_at,
-                len(record.body_out) if record.body_out is not None else record.request_bytes,
-                record.response_bytes,
+                incoming,
+                target,
+                self.clock() - handle.received_at,
+                handle.forwarded_bytes,
+                outcome.response_bytes,
                 usage.prompt_tokens if usage else None,
                 usage.completion_tokens if usage else None,
                 usage.cached_tokens if usage else None,
             )
+        metadata = cycle.read(RESPONSE_METADATA_KEY)
+        if not metadata:
+            return NOTHING_TO_ADD
+        return {ns: dict(values) for ns, values in metadata.items()}
 
     def _plugin_failed(self, point: str, name: TypedName) -> None:
         log.exception("plugin_failed extension_point=%s plugin=%s", point, name)

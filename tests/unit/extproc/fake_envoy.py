@@ -18,6 +18,7 @@ from llm_epp.datalayer.static import parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
 
 FDS = ProcessingMode.FULL_DUPLEX_STREAMED
@@ -114,19 +115,29 @@ class Recorder(NullRecorder):
 
 
 class Harness:
-    def __init__(self, endpoints: str, max_body: int = 16 << 20, explain: bool = False, **director_opts: Any) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        max_body: int = 16 << 20,
+        explain: bool = False,
+        plugins: RequestPlugins | None = None,
+        config: str | None = None,
+        servicer_opts: dict[str, Any] | None = None,
+        **director_opts: Any,
+    ) -> None:
         self.datastore = Datastore()
         self.datastore.replace_all(parse_endpoint_list(endpoints))
         self.recorder = Recorder()
-        config = load_config_text(None, builtin_registry(), self.recorder)
+        loaded = load_config_text(config, builtin_registry(), self.recorder)
         self.director = Director(
             self.datastore.snapshot,
-            config.scheduler,
-            RequestPlugins(),
+            loaded.scheduler,
+            plugins or RequestPlugins(),
             self.recorder,
             DirectorOptions(**director_opts),
+            parsers=default_parsers(),
         )
-        self.servicer = ExtProcServicer(self.director, max_body, enable_explain=explain)
+        self.servicer = ExtProcServicer(self.director, max_body, enable_explain=explain, **(servicer_opts or {}))
 
     async def run(
         self, messages: Sequence[pb.ProcessingRequest], cancel_at_end: bool = False, cancel_on_write: int = -1

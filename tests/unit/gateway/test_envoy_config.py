@@ -139,8 +139,13 @@ def test_default_structure() -> None:
     listener = doc["static_resources"]["listeners"][0]
     assert listener["address"]["socket_address"]["port_value"] == 8081
     assert "per_connection_buffer_limit_bytes" not in listener
-    names = [f["name"] for f in _hcm(doc)["http_filters"]]
-    assert names == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    filters = _hcm(doc)["http_filters"]
+    names = [f["name"] for f in filters]
+    # the response-header strip runs after ext_proc on responses (response filters run in reverse order)
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    assert filters[0]["typed_config"]["mutations"] == {
+        "response_mutations": [{"remove": "x-gateway-destination-endpoint-served"}]
+    }
     (early,) = _hcm(doc)["early_header_mutation_extensions"]
     assert early["name"] == "envoy.http.early_header_mutation.header_mutation"
     assert [m["remove"] for m in early["typed_config"]["mutations"]] == [
@@ -246,7 +251,10 @@ def test_metadata_routing_with_fallback_matches_on_dynamic_metadata() -> None:
 
 def test_no_epp_is_plain_round_robin() -> None:
     doc = build_bootstrap(EnvoyConfigOptions(no_epp=True, fallback_endpoints=FALLBACK, request_body_mode="BUFFERED"))
-    assert [f["name"] for f in _hcm(doc)["http_filters"]] == ["envoy.filters.http.router"]
+    assert [f["name"] for f in _hcm(doc)["http_filters"]] == [
+        "envoy.filters.http.header_mutation",
+        "envoy.filters.http.router",
+    ]
     assert "per_connection_buffer_limit_bytes" not in doc["static_resources"]["listeners"][0]
     clusters = _clusters(doc)
     assert list(clusters) == ["pool"]
@@ -412,7 +420,7 @@ def test_live_no_epp_round_robin(pool: BackendPool) -> None:
         for _ in range(8):
             resp = _completion(client, envoy.url())
             assert resp.status_code == 200
-            assert resp.headers[ec.SERVED_HEADER] in pool.by_address
+            assert ec.SERVED_HEADER not in resp.headers  # pod addresses never reach clients
             seen.add(resp.headers["x-backend-name"])
     assert seen == {"A", "B"}
     counts = pool.served_counts()
@@ -434,6 +442,7 @@ def test_live_fail_open_without_epp_uses_fallback(pool: BackendPool, routing: st
         resp = _completion(client, envoy.url(), **{ec.DESTINATION_HEADER: pool.addresses[1]})
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-backend-name"] == "A"
+        assert ec.SERVED_HEADER not in resp.headers  # the EPP is down: Envoy itself keeps the pod address in
         resp = _completion(client, envoy.url(), stream=True)
         assert resp.status_code == 200
         assert resp.text.rstrip().endswith("data: [DONE]")

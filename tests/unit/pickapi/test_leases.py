@@ -29,7 +29,7 @@ class Finisher:
 
 
 def record(request_id: str) -> RequestRecord:
-    return RequestRecord(request_id, {})
+    return RequestRecord(request_id, 0.0)
 
 
 @pytest.fixture

@@ -17,8 +17,10 @@ from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.static import parse_endpoint_list
 from llm_epp.framework import EndpointKey, EppError, ErrorCode, Metrics, NullRecorder, TypedName
 from llm_epp.pickapi import LeaseTable, PickServicer
-from llm_epp.pickapi.servicer import grpc_code
+from llm_epp.pickapi.servicer import LeaseFinisher, grpc_code
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.parsers import default_parsers
+from llm_epp.requestcontrol.decision import Outcome
 from llm_epp.requestcontrol.director import Director, RequestPlugins
 
 ENDPOINTS = "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8001"
@@ -82,10 +84,14 @@ class Api:
         self.pre = RecordingPreRequest()
         config = load_config_text(None, builtin_registry(), self.recorder)
         self.director = Director(
-            self.datastore.snapshot, config.scheduler, RequestPlugins(pre_request=[self.pre]), self.recorder
+            self.datastore.snapshot,
+            config.scheduler,
+            RequestPlugins(pre_request=[self.pre]),
+            self.recorder,
+            parsers=default_parsers(),
         )
         self.clock = FakeClock()
-        self.leases = LeaseTable(self.director, max_ttl_s=600, clock=self.clock)
+        self.leases = LeaseTable(LeaseFinisher(self.director), max_ttl_s=600, clock=self.clock)
         self.servicer = PickServicer(
             self.director,
             self.datastore.snapshot,
@@ -362,3 +368,29 @@ async def test_list_endpoints_shows_metrics_age_load_and_plugin_stats(api: Api) 
     assert await api.release(picked.lease_id, success=True)
     listing = await api.stub.ListEndpoints(pb.ListEndpointsRequest(), timeout=10)
     assert all(e.in_flight_requests == 0 and e.in_flight_tokens == 0 for e in listing.endpoints)
+
+
+@pytest.mark.parametrize("method", ["Pick", "Release", "ListEndpoints"])
+async def test_malformed_protobuf_is_invalid_argument_with_a_plain_message(api: Api, method: str) -> None:
+    assert api.channel is not None
+    call = api.channel.unary_unary(
+        f"/llm_epp.v1.EndpointPicker/{method}", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(b"\xff\xff\xff\xff\x0f not a protobuf message")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert details.startswith("the request is not a valid llm_epp.v1.")
+    assert "Error" not in details and "Traceback" not in details
+    assert api.total_load() == (0, 0)
+
+
+async def test_a_lease_keeps_no_request_bytes(api: Api) -> None:
+    body = json.dumps({"model": "m", "prompt": "p" * 500}).encode()
+    resp = await api.stub.Pick(pb.PickRequest(path="/v1/completions", body=body))
+    handle = api.leases.take(resp.lease_id)
+    assert handle is not None
+    held = [getattr(handle, name) for name in type(handle).__slots__]
+    assert not any(isinstance(value, bytes | bytearray) for value in held)
+    api.servicer.director.finish(handle, Outcome(complete=True))
+    assert api.total_load() == (0, 0)

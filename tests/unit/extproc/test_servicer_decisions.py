@@ -1,0 +1,248 @@
+"""The ext_proc adapter around the director's decisions: plugin headers and metadata, drop reasons, the
+held-bytes bound, model names restored across chunks, endpoint scores, trace context, unclaimed paths."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+
+import grpc
+
+from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
+from llm_epp.framework.requestcontrol import (
+    REQUEST_HEADERS_KEY,
+    RESPONSE_METADATA_KEY,
+    ResponseInfo,
+)
+from llm_epp.framework.tracing import CURRENT_TRACE, AttributeValue, RequestTrace
+from llm_epp.framework.types import SchedulingResult
+from llm_epp.requestcontrol.director import RequestPlugins
+from tests.unit.extproc.fake_envoy import (
+    FDS,
+    FakeContext,
+    Harness,
+    body_msg,
+    headers_msg,
+    response_body_msg,
+    response_headers_msg,
+)
+from tests.unit.extproc.test_servicer import ENDPOINTS, POST, body, removed, set_headers, streamed
+
+PODS = "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8001"
+
+
+class Plugin:
+    typed_name = TypedName("test-hooks", "test-hooks")
+
+    def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        cycle.write(REQUEST_HEADERS_KEY, {"x-prefiller-host-port": "10.1.1.1:8000"})
+
+    def response_complete(
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        cycle.write(RESPONSE_METADATA_KEY, {"envoy.lb": {"x-gateway-inference-request-cost": response.status}})
+
+
+def with_plugin() -> Harness:
+    p = Plugin()
+    return Harness(PODS, plugins=RequestPlugins(pre_request=[p], response_complete=[p]))
+
+
+def cost(resp) -> float | None:
+    fields = resp.dynamic_metadata.fields
+    if "envoy.lb" not in fields:
+        return None
+    return fields["envoy.lb"].struct_value.fields["x-gateway-inference-request-cost"].number_value
+
+
+async def test_plugin_request_headers_are_set_upstream_and_client_copies_replaced() -> None:
+    h = with_plugin()
+    ctx = await h.run([headers_msg({**POST, "x-prefiller-host-port": "6.6.6.6:1"}), body_msg(body(), True)])
+    sets = [
+        (o.header.key, o.header.raw_value) for o in ctx.sent[0].request_headers.response.header_mutation.set_headers
+    ]
+    assert ("x-prefiller-host-port", b"10.1.1.1:8000") in sets
+    assert [k for k, _ in sets].count("x-prefiller-host-port") == 1
+
+
+async def test_response_metadata_rides_on_the_last_response_answer() -> None:
+    h = with_plugin()
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "application/json"}),
+        response_body_msg(b'{"a":', False),
+        response_body_msg(b"1}", True),
+    ]
+    ctx = await h.run(msgs)
+    assert ctx.kinds()[-2:] == ["response_body", "response_body"]
+    assert cost(ctx.sent[-2]) is None
+    assert cost(ctx.sent[-1]) == 200
+    assert streamed(ctx.sent[-1], "response_body") == (b"1}", True)
+
+
+async def test_response_metadata_on_a_bodiless_response_headers_answer() -> None:
+    h = with_plugin()
+    msgs = [
+        headers_msg(POST, resp_mode=FDS),
+        body_msg(body(), True),
+        response_headers_msg({":status": "204"}, eos=True),
+    ]
+    ctx = await h.run(msgs)
+    assert cost(ctx.sent[-1]) == 204
+    assert set_headers(ctx.sent[-1], "response_headers")["x-went-into-resp-headers"] == "true"
+
+
+async def test_rejections_carry_the_drop_reason() -> None:
+    h = Harness(PODS)
+    ctx = await h.run([headers_msg(POST, subset=["9.9.9.9:1"]), body_msg(body(), True)])
+    ir = ctx.sent[0].immediate_response
+    assert ir.status.code == 503
+    got = {o.header.key: o.header.raw_value.decode() for o in ir.headers.set_headers}
+    assert got["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+
+
+async def test_model_name_split_across_response_chunks_is_restored() -> None:
+    h = Harness(PODS)
+    doc = b'{"id":"c1","model":"big-model","choices":[{"text":"hi"}]}'
+    for cut in range(len(doc) + 1):
+        msgs = [
+            headers_msg({**POST, "x-llm-d-model-name-rewrite": "big-model"}, resp_mode=FDS),
+            body_msg(body(), True),
+            response_headers_msg({":status": "200", "content-type": "application/json", "content-length": "55"}),
+            response_body_msg(doc[:cut], False),
+            response_body_msg(doc[cut:], True),
+        ]
+        ctx = await h.run(msgs)
+        assert "content-length" in removed(ctx.sent[2], "response_headers")
+        out = b"".join(streamed(m, "response_body")[0] for m in ctx.sent[3:])
+        assert json.loads(out)["model"] == "m", cut
+
+
+class Gate(FakeContext):
+    """A stream that stops reading after its first messages until `release` is set."""
+
+    def __init__(self, first, rest, release: asyncio.Event) -> None:
+        super().__init__(first)
+        self._rest = list(rest)
+        self._release = release
+        self.blocked = asyncio.Event()
+
+    async def read(self):
+        if self._messages:
+            return self._messages.pop(0)
+        if self._rest:
+            self.blocked.set()
+            await self._release.wait()
+            return self._rest.pop(0)
+        return grpc.aio.EOF
+
+
+async def test_held_request_bytes_are_bounded_across_streams_and_released() -> None:
+    h = Harness(PODS, servicer_opts={"max_held_request_bytes": 3000})
+    release = asyncio.Event()
+    data = body(prompt="x" * 2000)
+    slow = Gate([headers_msg(POST), body_msg(data[:2000], False)], [body_msg(data[2000:], True)], release)
+    task = asyncio.create_task(h.servicer.process(None, slow))  # type: ignore[arg-type]
+    await slow.blocked.wait()
+    assert h.servicer.held_bytes == 2000
+    # a second request that would take the EPP over the bound is refused at once, the first is unharmed
+    ctx = await h.run([headers_msg(POST), body_msg(b"y" * 1500, False), body_msg(b"", True)])
+    ir = ctx.sent[0].immediate_response
+    assert ir.status.code == 503
+    assert {o.header.key for o in ir.headers.set_headers} >= {"retry-after"}
+    assert "--max-held-request-bytes" in json.loads(ir.body)["error"]["message"]
+    assert h.servicer.held_bytes == 2000
+    release.set()
+    await task
+    assert slow.kinds()[0] == "request_headers"
+    assert h.servicer.held_bytes == 0
+    ctx = await h.run([headers_msg(POST), body_msg(b"y" * 1500, False), body_msg(body(), True)])
+    assert ctx.kinds()[0] == "immediate_response"  # 1500 bytes of junk JSON: 400, and nothing stays held
+    assert ctx.sent[0].immediate_response.status.code == 400
+    assert h.servicer.held_bytes == 0
+
+
+async def test_held_bytes_are_released_when_the_client_goes_away() -> None:
+    h = Harness(PODS, servicer_opts={"max_held_request_bytes": 3000})
+    try:
+        await h.run([headers_msg(POST), body_msg(b"x" * 1000, False)], cancel_at_end=True)
+    except asyncio.CancelledError:
+        pass
+    assert h.servicer.held_bytes == 0
+
+
+async def test_endpoint_scores_in_metadata_only_when_asked() -> None:
+    for emit in (False, True):
+        h = Harness(PODS, servicer_opts={"emit_endpoint_scores": emit})
+        ctx = await h.run([headers_msg(POST), body_msg(body(), True)])
+        lb = ctx.sent[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields
+        assert lb["x-gateway-destination-endpoint"].string_value in ENDPOINTS
+        if not emit:
+            assert "x-gateway-destination-endpoint-scores" not in lb
+            continue
+        scores = lb["x-gateway-destination-endpoint-scores"].struct_value.fields
+        assert set(scores) == ENDPOINTS
+        assert all(isinstance(v.number_value, float) for v in scores.values())
+
+
+async def test_unclaimed_paths_are_routed_with_the_body_unchanged() -> None:
+    h = Harness(PODS)
+    payload = b'{"model": "reranker", "query": "q", "documents": ["a", "b"]}'
+    ctx = await h.run([headers_msg({**POST, ":path": "/v1/rerank"}), body_msg(payload, True)])
+    assert ctx.kinds() == ["request_headers", "request_body"]
+    assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] in ENDPOINTS
+    assert streamed(ctx.sent[1]) == (payload, True)
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+        self.ended: list[int] = []
+
+    def phase(
+        self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> None:
+        self.phases.append(name)
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        pass
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        pass
+
+    def inject(self, headers: dict[str, str]) -> None:
+        headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    def end(self, status: int = 0, error: str = "") -> None:
+        self.ended.append(status)
+
+
+class Tracer:
+    enabled = True
+
+    def __init__(self) -> None:
+        self.traces: list[Trace] = []
+
+    def start_request(self, request_id: str, headers: Mapping[str, str]) -> RequestTrace:
+        self.traces.append(Trace())
+        return self.traces[-1]
+
+
+async def test_trace_per_stream_context_upstream_and_ended_with_the_status() -> None:
+    tracer = Tracer()
+    h = Harness(PODS)
+    h.director.tracer = tracer
+    h.servicer = ExtProcServicer(h.director)  # takes the director's tracer
+    ctx = await h.run(
+        [headers_msg(POST, resp_mode=FDS), body_msg(body(), True), response_headers_msg({":status": "200"}, eos=True)]
+    )
+    assert set_headers(ctx.sent[0])["traceparent"].startswith("00-0af7")
+    (trace,) = tracer.traces
+    assert trace.phases == ["parse", "admission", "prepare_data", "schedule", "pre_request"]
+    assert trace.ended == [200]
+    assert CURRENT_TRACE.get() is None  # reset when the stream ends
+    await h.run([headers_msg(POST), body_msg(b"{", True)])
+    assert tracer.traces[1].ended == [400]

@@ -1,0 +1,32 @@
+"""Composition: which parsers the director gets."""
+
+from __future__ import annotations
+
+from llm_epp.app import configured_parsers
+from llm_epp.config import load_config_text
+from llm_epp.framework import NullRecorder
+from llm_epp.plugins import builtin_registry
+
+ONLY_PASSTHROUGH = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: passthrough-parser
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer}
+  - {pluginRef: max-score-picker}
+"""
+
+
+def test_without_configured_parsers_the_default_list_is_used() -> None:
+    config = load_config_text(None, builtin_registry(), NullRecorder())
+    assert [p.typed_name.type for p in configured_parsers(config)] == ["openai-parser", "passthrough-parser"]
+
+
+def test_configured_parsers_replace_the_default_list() -> None:
+    config = load_config_text(ONLY_PASSTHROUGH, builtin_registry(), NullRecorder())
+    assert [p.typed_name.type for p in configured_parsers(config)] == ["passthrough-parser"]
