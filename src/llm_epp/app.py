@@ -65,10 +65,9 @@ class Components:
 
 
 def configured_parsers(config: LoadedConfig) -> list[Parser]:
-    """The parser plugins the configuration declares, in its order; the default list (openai-parser, then
-    passthrough-parser as the fallback) when it declares none."""
-    declared = [p for p in config.plugins.values() if isinstance(p, Parser)]
-    return declared or default_parsers()
+    """The parsers named by `requestHandler.parsers` (or GIE's `parser`), in their order; llm-d-router's default
+    list (openai-parser, then passthrough-parser as the fallback) when the configuration names none."""
+    return list(config.parsers) or default_parsers()
 
 
 def build(opts: Options) -> Components:

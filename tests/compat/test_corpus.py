@@ -82,14 +82,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{ROUTER} deploy/config/soft-reflective-ceiling-epp-config.yaml, sim-program-aware-config.yaml",
         frozenset({FLOW_CONTROL, "soft-reflective-ceiling-policy", "program-aware-fairness"}),
     ),
-    "router-passthrough-parser.yaml": (
-        f"{ROUTER} test/perf/config/router-configs/random-passthrough-parser.yaml",
-        frozenset({"passthrough-parser"}),
-    ),
-    "router-openai-parser-declared.yaml": (
-        f"{ROUTER} test/integration/epp/testdata/default-config.yaml",
-        frozenset({"openai-parser"}),
-    ),
     "guide-agentic-serving.yaml": (
         f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",
         frozenset({FLOW_CONTROL, "agent-identity", "program-aware-fairness"}),

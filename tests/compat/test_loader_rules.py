@@ -342,9 +342,9 @@ def test_a_parser_type_that_needs_parameters_must_be_declared() -> None:
     assert [p.typed_name.type for p in loaded.parsers] == ["test-model-parser"]
 
 
-def test_openai_parser_stands_for_the_built_in_parsing() -> None:
+def test_an_undeclared_parser_type_is_created_as_upstream_does() -> None:
     loaded = _load(GIE + "plugins:\n- type: queue-scorer\nparser: {pluginRef: openai-parser}\n")
-    assert loaded.parsers == []  # the director's default parsers
+    assert [p.typed_name.type for p in loaded.parsers] == ["openai-parser"]
     assert _load(LLMD + "plugins:\n- type: queue-scorer\nrequestHandler: {}\n").parsers == []
 
 

@@ -19,6 +19,18 @@ schedulingProfiles:
   plugins:
   - {pluginRef: queue-scorer}
   - {pluginRef: max-score-picker}
+requestHandler:
+  parsers:
+  - pluginRef: passthrough-parser
+"""
+
+GIE_PARSER_SECTION = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+parser:
+  pluginRef: openai-parser
 """
 
 
@@ -30,3 +42,8 @@ def test_without_configured_parsers_the_default_list_is_used() -> None:
 def test_configured_parsers_replace_the_default_list() -> None:
     config = load_config_text(ONLY_PASSTHROUGH, builtin_registry(), NullRecorder())
     assert [p.typed_name.type for p in configured_parsers(config)] == ["passthrough-parser"]
+
+
+def test_gie_parser_section_names_the_one_parser() -> None:
+    config = load_config_text(GIE_PARSER_SECTION, builtin_registry(), NullRecorder())
+    assert [p.typed_name.type for p in configured_parsers(config)] == ["openai-parser"]

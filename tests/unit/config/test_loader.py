@@ -147,7 +147,9 @@ def test_reference_style_config_loads() -> None:
         "conformance": "header-based-testing-filter",
         "top2": "max-score-picker",
         "single-profile-handler": "single-profile-handler",
-        # created as the reference does: the default saturation detector and metrics source/extractor
+        # created as the reference does: the parser it names, the default saturation detector and metrics
+        # source/extractor
+        "openai-parser": "openai-parser",
         "utilization-detector": "utilization-detector",
         "metrics-data-source": "metrics-data-source",
         "core-metrics-extractor": "core-metrics-extractor",
