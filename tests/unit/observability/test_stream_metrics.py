@@ -35,9 +35,7 @@ async def test_streams_by_code_inflight_and_duration() -> None:
     server = grpc.aio.server(interceptors=[metrics.interceptor()])
     server.add_generic_rpc_handlers(
         (
-            grpc.method_handlers_generic_handler(
-                SERVICE, {"Process": grpc.stream_stream_rpc_method_handler(_process)}
-            ),
+            grpc.method_handlers_generic_handler(SERVICE, {"Process": grpc.stream_stream_rpc_method_handler(_process)}),
             grpc.method_handlers_generic_handler(
                 "other.Service", {"Watch": grpc.stream_stream_rpc_method_handler(_health)}
             ),
@@ -86,7 +84,9 @@ async def test_streams_by_code_inflight_and_duration() -> None:
     assert value("llm_d_epp_extproc_stream_duration_seconds_count") == 3  # the other service is not counted
 
 
-@pytest.mark.parametrize(("code", "go"), [(grpc.StatusCode.INVALID_ARGUMENT, "InvalidArgument"), (grpc.StatusCode.OK, "OK")])
+@pytest.mark.parametrize(
+    ("code", "go"), [(grpc.StatusCode.INVALID_ARGUMENT, "InvalidArgument"), (grpc.StatusCode.OK, "OK")]
+)
 def test_go_code_names(code: grpc.StatusCode, go: str) -> None:
     from llm_epp.observability.stream_metrics import GO_CODE_NAMES
 

@@ -111,5 +111,5 @@ async def test_a_half_written_or_broken_pair_keeps_the_current_one(tmp_path: Pat
 
 def test_check_pair_explains_a_mismatch() -> None:
     (cert, _), (_, other_key) = self_signed(), self_signed()
-    with pytest.raises(CertificateError, match="tls.key is not the key of tls.crt"):
+    with pytest.raises(CertificateError, match=r"tls\.key is not the key of tls\.crt"):
         check_pair(cert, other_key)
