@@ -40,7 +40,7 @@ from llm_epp.plugins import builtin_registry
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
 from llm_epp.security.cert_reload import CertReloader, check_pair
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
-from llm_epp.security.tls_policy import apply_cipher_suites
+from llm_epp.security.tls_policy import cipher_suites_in_effect
 from llm_epp.stability import experimental_plugin_problem
 
 log = logging.getLogger("llm_epp")
@@ -176,7 +176,12 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
             if given:
                 log.warning("%s has no effect: ext_proc is served without TLS (--secure-serving=false)", flag)
         return None
-    if apply_cipher_suites(opts.tls_cipher_suites):  # before the process makes its first TLS credentials
+    if not cipher_suites_in_effect(opts.tls_cipher_suites):
+        raise StartupError(
+            "--tls-cipher-suites must be exported (GRPC_SSL_CIPHER_SUITES) before grpc is imported; start the EPP "
+            "with the llm-epp command, or call llm_epp.security.tls_policy.apply_cipher_suites first"
+        )
+    if opts.tls_cipher_suites:
         log.info("ext_proc_tls_cipher_suites %s", ",".join(opts.tls_cipher_suites))
     try:
         if opts.cert_path and opts.enable_cert_reload:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llm_epp import __version__
 from llm_epp.options import Options
-from llm_epp.security.tls_policy import TlsPolicyError, check_min_version, grpc_cipher_list
+from llm_epp.security.tls_policy import TlsPolicyError, apply_cipher_suites, check_min_version, grpc_cipher_list
 
 # strconv.ParseBool
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -560,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for p in problems:
                 print(f"llm-epp: {p}", file=sys.stderr)
             return 2
+        if opts.secure_serving:
+            apply_cipher_suites(opts.tls_cipher_suites)  # gRPC reads it once, when first imported (just below)
         from llm_epp.app import StartupError, run
 
         try:

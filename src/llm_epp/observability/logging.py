@@ -2,7 +2,10 @@
 and one handler on the root logger renders each record as a single line, either JSON (one object per
 line, serialised with orjson) or for the console (`<timestamp> <LEVEL> <logger>: <event> key=value ...`).
 
-`-v N` mirrors the reference: ≤2 DEFAULT → INFO, 3 VERBOSE (15), 4 DEBUG, ≥5 TRACE (5). Request
+`-v N` mirrors the reference: ≤2 DEFAULT → INFO, 3 VERBOSE (15), 4 DEBUG, ≥5 TRACE (5). The controller-runtime
+zap flags map onto this: `--zap-log-level` (debug, info, error, panic or N) replaces -v as in the reference
+(`level_for_flags`), `--zap-encoder` / `--zap-devel` pick JSON or console lines, `--zap-stacktrace-level` adds
+the calling stack to lines at or above it, `--zap-time-encoding` sets the timestamp format. Request
 context (`request_id`, `model`, `target_model`) is bound once per request in a context variable; every
 line logged in that context (the ext_proc stream's task: asyncio tasks copy contexts) carries it.
 `extra={...}` fields of a log call are rendered after the request context.

@@ -8,7 +8,8 @@ read once per process when the first TLS credentials are made. So:
   TLS 1.2 clients) and `VersionTLS10`/`VersionTLS11` (admit clients grpcio always refuses) cannot be
   honoured and are refused with that explanation.
 - `--tls-cipher-suites` takes the reference's Go names; the TLS 1.2 suites BoringSSL implements are
-  translated and exported as `GRPC_SSL_CIPHER_SUITES` before the first credentials are made. The TLS 1.3
+  translated and exported as `GRPC_SSL_CIPHER_SUITES`, which gRPC reads when it is first imported: the command
+  line does it before anything imports grpc, and the server refuses to start if it was too late. The TLS 1.3
   suite names are accepted and have no effect, as in the reference (TLS 1.3 suites are not configurable
   there either); names of suites BoringSSL does not offer are refused."""
 
@@ -88,8 +89,14 @@ def grpc_cipher_list(names: Iterable[str]) -> str:
 
 
 def apply_cipher_suites(names: Iterable[str]) -> str:
-    """Exports the cipher list for grpcio; call before the first TLS credentials are made. Returns it."""
+    """Exports the cipher list for grpcio; call before `grpc` is first imported. Returns it ("" for none)."""
     value = grpc_cipher_list(names)
     if value:
         os.environ[CIPHER_SUITES_ENV] = value
     return value
+
+
+def cipher_suites_in_effect(names: Iterable[str]) -> bool:
+    """Whether the environment gRPC read at import carries the list for `names` (True when there is none)."""
+    value = grpc_cipher_list(names)
+    return not value or os.environ.get(CIPHER_SUITES_ENV) == value
