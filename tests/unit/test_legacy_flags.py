@@ -68,7 +68,7 @@ def test_metrics_port() -> None:
     assert config.data_source is not None and config.data_source.url(ENDPOINT) == "http://10.0.0.5:8000/metrics"
 
 
-@pytest.mark.parametrize("plugin_type", sorted(EXPERIMENTAL_PLUGIN_TYPES)[:3] + ["session-affinity-filter"])
+@pytest.mark.parametrize("plugin_type", [*sorted(EXPERIMENTAL_PLUGIN_TYPES)[:3], "session-affinity-filter"])
 def test_experimental_plugins_need_the_flag(plugin_type: str) -> None:
     types = {"picker": "max-score-picker", "mine": plugin_type}
     problem = experimental_plugin_problem(types, allow=False)

@@ -17,7 +17,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from llm_epp.observability.metrics import _Histogram
 
 EXT_PROC_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
@@ -36,12 +38,14 @@ class StreamMetrics:
             _ALPHA + "Number of ext_proc gRPC streams currently open.",
             registry=registry,
         )
-        self.duration = Histogram(
+        self._duration = _Histogram(  # `le` written as the Go client writes it, like every other histogram
             "llm_d_epp_extproc_stream_duration_seconds",
             _ALPHA + "Duration an ext_proc gRPC stream stays open, in seconds.",
-            buckets=BUCKETS,
-            registry=registry,
+            (),
+            BUCKETS,
+            registry,
         )
+        self.duration = self._duration.labels()
         self.total = Counter(
             "llm_d_epp_extproc_streams",
             _ALPHA + "Total ext_proc gRPC streams completed, by gRPC status code.",
