@@ -180,7 +180,30 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _bool_flag(p: argparse._ActionsContainer, name: str, default: bool, help: str) -> None:
-    p.add_argument(name, type=_go_bool, nargs="?", const=True, default=default, metavar="true|false", help=help)
+    p.add_argument(name, type=_go_bool, nargs="?", const=True, default=default, metavar="=true|false", help=help)
+
+
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, max_help_position=46, width=116)
+
+
+def _metavar(action: argparse.Action) -> str:
+    if action.type is _duration:
+        return "DURATION"
+    if action.type in (_size, _quantity):
+        return "SIZE"
+    dest = action.dest
+    for suffix, name in (
+        ("port", "PORT"),
+        ("file", "FILE"),
+        ("metrics_path", "PATH"),
+        ("path", "DIR"),
+        ("dir", "DIR"),
+        ("verbosity", "N"),
+    ):
+        if dest.endswith(suffix):
+            return name
+    return "VALUE"
 
 
 def _serve_parser(p: _Parser) -> None:
@@ -346,9 +369,12 @@ def _serve_parser(p: _Parser) -> None:
         nargs="?",
         const=True,
         default=None,
-        metavar="true|false",
+        metavar="=true|false",
         help="with https: skip certificate verification",
     )
+    for action in p._actions:  # short placeholders keep --help readable
+        if action.metavar is None and action.option_strings and action.nargs is None:
+            action.metavar = _metavar(action)
     p.pflag_bools = frozenset(
         a.option_strings[-1][2:]
         for a in p._actions
@@ -525,7 +551,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-epp", description="Endpoint Picker for LLM inference pools")
     parser.add_argument("--version", action="version", version=f"llm-epp {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    serve = sub.add_parser("serve", help="run the endpoint picker", usage="llm-epp [serve] [flags]", allow_abbrev=False)
+    serve = sub.add_parser(
+        "serve",
+        help="run the endpoint picker",
+        usage="llm-epp [serve] [flags]",
+        description="Flags as the reference EPP takes them: --flag=value or --flag value; booleans as --flag "
+        "or --flag=false (a separate word is not their value); list flags comma separated or repeated.",
+        formatter_class=_help_formatter,
+        allow_abbrev=False,
+    )
     assert isinstance(serve, _Parser)
     _serve_parser(serve)
     from llm_epp.gateway import envoy_config
