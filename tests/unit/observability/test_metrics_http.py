@@ -3,7 +3,6 @@ pprof, HTTPS and client certificates."""
 
 from __future__ import annotations
 
-import datetime
 import ssl
 import threading
 import time
@@ -12,14 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry, Counter
 
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import MetricsHttpServer, server_tls_context
+from tests.support.certs import issue_cert as _cert
+from tests.support.certs import write_pair as _write
 from tests.support.fake_apiserver import FakeApiServer
 
 
@@ -152,34 +150,6 @@ def test_one_profile_at_a_time(registry: CollectorRegistry) -> None:
 
 
 # --- HTTPS and client certificates -------------------------------------------------------------------
-def _cert(
-    name: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer[0].subject if issuer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-    )
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256()), key
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (path / "tls.key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-
-
 def test_https_with_required_client_certificates(registry: CollectorRegistry, tmp_path: Path) -> None:
     ca = _cert("metrics-ca")
     (tmp_path / "ca.crt").write_bytes(ca[0].public_bytes(serialization.Encoding.PEM))
