@@ -31,7 +31,7 @@ from llm_epp.observability import (
 )
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
-from llm_epp.observability.metrics_http import MetricsHttpServer, server_tls_context
+from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
 from llm_epp.observability.stream_metrics import StreamMetrics
 from llm_epp.observability.tracing import build_tracer, shutdown_tracer, with_plugin_spans
 from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
@@ -228,12 +228,13 @@ def _metrics_server(opts: Options, c: Components, api: Any) -> tuple[MetricsHttp
             )
         else:
             authorizer = KubernetesAuthorizer(client)
-    tls = None
+    tls, watch = None, None
     if opts.metrics_cert_dir:
         try:
             tls = server_tls_context(opts.metrics_cert_dir, opts.metrics_client_ca_file)
         except (OSError, ValueError) as e:
             raise StartupError(f"--metrics-cert-dir {opts.metrics_cert_dir}: cannot use its key pair: {e}") from None
+        watch = CertDirWatch(tls, opts.metrics_cert_dir)
     server = MetricsHttpServer(
         c.recorder.registry,
         opts.bind_address,
@@ -241,6 +242,7 @@ def _metrics_server(opts: Options, c: Components, api: Any) -> tuple[MetricsHttp
         authorizer=authorizer,
         enable_pprof=opts.enable_pprof,
         tls=tls,
+        cert_watch=watch,
     )
     return server, own
 

@@ -1,7 +1,8 @@
 """The metrics port: `/metrics` (Prometheus text or OpenMetrics, gzip when asked) and, with `--enable-pprof`,
 `/debug/pprof/*` (observability.pprof), both behind the same access check (`--metrics-endpoint-auth`,
 observability.metrics_auth). With `--metrics-cert-dir` it speaks HTTPS (TLS 1.2 or later), and with
-`--metrics-client-ca-file` it also requires a client certificate signed by that CA, as the reference.
+`--metrics-client-ca-file` it also requires a client certificate signed by that CA, as the reference; a
+replaced key pair in the cert dir is taken for the next connections (a pair that does not load is not).
 
 Served from daemon threads, one per connection (the documented exception to "no threads": a scrape or
 a 30 s profile must never wait for the event loop, nor hold it up)."""
@@ -22,6 +23,7 @@ from prometheus_client.exposition import choose_encoder
 
 from llm_epp.observability import pprof
 from llm_epp.observability.metrics_auth import Decision
+from llm_epp.security.cert_reload import file_stamps
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +46,43 @@ def server_tls_context(cert_dir: str, client_ca_file: str = "") -> ssl.SSLContex
     return ctx
 
 
+class CertDirWatch:
+    """Loads a changed tls.crt / tls.key from `cert_dir` into `ctx` (checked when a connection arrives)."""
+
+    def __init__(self, ctx: ssl.SSLContext, cert_dir: str) -> None:
+        self.ctx = ctx
+        self._dir = Path(cert_dir)
+        self._stamp = file_stamps(self._dir)
+        self.reloads = 0
+
+    def maybe_reload(self) -> None:
+        stamp = file_stamps(self._dir)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self.ctx.load_cert_chain(str(self._dir / "tls.crt"), str(self._dir / "tls.key"))
+        except (OSError, ssl.SSLError) as e:
+            log.warning(
+                "metrics_certificate_reload_failed cert_dir=%s reason=%s; keeping the current pair", self._dir, e
+            )
+            return
+        self.reloads += 1
+        log.info("metrics_certificate_reloaded cert_dir=%s", self._dir)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     registry: CollectorRegistry
     authorizer: Authorizer | None
     pprof_enabled: bool
+    cert_watch: CertDirWatch | None = None
+
+    def get_request(self) -> tuple[Any, Any]:
+        if self.cert_watch is not None:  # before accepting, so this connection already gets a new pair
+            self.cert_watch.maybe_reload()
+        return super().get_request()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("metrics_connection_error client=%s", client_address, exc_info=True)
@@ -110,12 +143,14 @@ class MetricsHttpServer:
         authorizer: Authorizer | None = None,
         enable_pprof: bool = False,
         tls: ssl.SSLContext | None = None,
+        cert_watch: CertDirWatch | None = None,
     ) -> None:
         self._registry = registry
         self._address = (host, port)
         self._authorizer = authorizer
         self._pprof = enable_pprof
         self._tls = tls
+        self._cert_watch = cert_watch
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -127,6 +162,7 @@ class MetricsHttpServer:
         server.registry = self._registry
         server.authorizer = self._authorizer
         server.pprof_enabled = self._pprof
+        server.cert_watch = self._cert_watch
         if self._tls is not None:  # the handshake happens on the connection's thread, not the accept loop
             server.socket = self._tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server

@@ -35,6 +35,19 @@ def check_pair(cert_pem: bytes, key_pem: bytes) -> None:
         raise CertificateError("tls.key is not the key of tls.crt")
 
 
+def file_stamps(cert_dir: Path) -> _Stamp:
+    """The identity (inode, size, mtime) of tls.crt and tls.key in `cert_dir`; zeros for a missing file."""
+    stamps = []
+    for name in ("tls.crt", "tls.key"):
+        try:
+            st = os.stat(cert_dir / name)
+        except OSError:
+            stamps.append((0, 0, 0))
+        else:
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
+
+
 class CertReloader:
     """Dynamic server credentials over the tls.crt / tls.key pair in `cert_dir`."""
 
@@ -48,15 +61,7 @@ class CertReloader:
         self.reloads = 0
 
     def _stat(self) -> _Stamp:
-        stamps = []
-        for name in ("tls.crt", "tls.key"):
-            try:
-                st = os.stat(self._dir / name)
-            except OSError:
-                stamps.append((0, 0, 0))
-            else:
-                stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        return tuple(stamps)
+        return file_stamps(self._dir)
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """None when the files did not change (or changed into something unusable); else the new pair."""

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry, Counter
 
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
-from llm_epp.observability.metrics_http import MetricsHttpServer, server_tls_context
+from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
 from tests.support.certs import issue_cert as _cert
 from tests.support.certs import write_pair as _write
 from tests.support.fake_apiserver import FakeApiServer
@@ -174,3 +174,31 @@ def test_https_with_required_client_certificates(registry: CollectorRegistry, tm
                 httpx.get(url, verify=client(refused), timeout=10)
         with pytest.raises(httpx.RemoteProtocolError):  # plain HTTP to the TLS port gets no answer
             httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
+
+
+def test_replaced_metrics_certificate_is_served_to_new_connections(registry: CollectorRegistry, tmp_path: Path) -> None:
+    import socket
+
+    from cryptography import x509
+
+    first, second = _cert("localhost"), _cert("localhost")
+    _write(tmp_path, *first)
+    tls = server_tls_context(str(tmp_path))
+    watch = CertDirWatch(tls, str(tmp_path))
+
+    def served(port: int) -> x509.Certificate:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as conn:
+            der = conn.getpeercert(binary_form=True)
+        assert der is not None
+        return x509.load_der_x509_certificate(der)
+
+    with MetricsHttpServer(registry, "127.0.0.1", 0, tls=tls, cert_watch=watch) as server:
+        assert served(server.port) == first[0]
+        _write(tmp_path, *second)
+        assert served(server.port) == second[0]
+        (tmp_path / "tls.key").write_text("not a key")
+        assert served(server.port) == second[0]  # a broken pair is not taken
+        assert watch.reloads == 1
