@@ -130,7 +130,7 @@ def build(opts: Options) -> Components:
         saturation=config.saturation,
     )
     servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
-    setattr(servicer, "tracer", tracer)  # noqa: B010 - request spans: the servicer reports through .tracer
+    connect_tracer(tracer, director, servicer)
     health = HealthState(synced=datastore.synced, leader_election=opts.ha_enable_leader_election)
     pick = PickServicer(
         director,
@@ -164,6 +164,13 @@ def build(opts: Options) -> Components:
         objectives,
         tracer,
     )
+
+
+def connect_tracer(tracer: Tracer, *parts: object) -> None:
+    """Request spans: the director reports the phases and the ext_proc servicer the request span through the
+    `tracer` attribute each of them reads per request."""
+    for part in parts:
+        setattr(part, "tracer", tracer)  # noqa: B010 - the attribute is set on objects typed without it
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
