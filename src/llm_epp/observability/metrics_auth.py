@@ -27,6 +27,7 @@ TOKEN_TTL = 60.0
 ALLOW_TTL = 300.0
 DENY_TTL = 30.0
 CACHE_SIZE = 4096
+REVIEW_TIMEOUT = 10.0  # seconds per TokenReview / SubjectAccessReview call, as the reference
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -117,7 +118,9 @@ class KubernetesAuthorizer:
             return None if cached is _REJECTED else cached
         from kubernetes import client
 
-        review = self._authn.create_token_review(client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token)))
+        review = self._authn.create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token)), _request_timeout=REVIEW_TIMEOUT
+        )
         status = review.status
         user: User | None = None
         if status is not None and status.authenticated and status.user is not None:
@@ -143,7 +146,8 @@ class KubernetesAuthorizer:
                     extra={k: list(v) for k, v in user.extra} or None,
                     non_resource_attributes=client.V1NonResourceAttributes(path=path, verb=verb),
                 )
-            )
+            ),
+            _request_timeout=REVIEW_TIMEOUT,
         )
         allowed = bool(review.status is not None and review.status.allowed)
         self._decisions.put(key, allowed, ALLOW_TTL if allowed else DENY_TTL)
