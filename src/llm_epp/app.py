@@ -54,11 +54,11 @@ GRPC_SERVER_OPTIONS = (
 
 def grpc_server_options(opts: Options) -> tuple[tuple[str, int], ...]:
     """`GRPC_SERVER_OPTIONS` with `--grpc-max-recv-msg-size` / `--grpc-max-send-msg-size` when given."""
-    return (
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES),
-        ("grpc.max_send_message_length", opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES),
-    )
+    given = {
+        "grpc.max_receive_message_length": opts.grpc_max_recv_msg_size,
+        "grpc.max_send_message_length": opts.grpc_max_send_msg_size,
+    }
+    return tuple((name, given.get(name) or value) for name, value in GRPC_SERVER_OPTIONS)
 
 
 class StartupError(Exception):
@@ -269,6 +269,7 @@ def _kubernetes_client(opts: Options) -> Any:
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     c = build(opts)
     api = _kubernetes_client(opts)  # before any listener starts, so a credentials error leaks nothing
+    metrics, metrics_api = _metrics_server(opts, c, api)  # may refuse to start: before any listener too
     stop = stop or asyncio.Event()
     interceptors = [StreamMetrics(c.recorder.registry).interceptor()] if opts.enable_grpc_stream_metrics else []
     server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
@@ -285,7 +286,6 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         health_server, health_port = await start_health_server(opts.bind_address, opts.grpc_health_port, c.health)
     except RuntimeError as e:
         raise StartupError(f"cannot listen on port {opts.grpc_health_port} for health: {e}") from None
-    metrics, metrics_api = _metrics_server(opts, c, api)
     try:
         metrics.start()
     except OSError as e:
