@@ -136,21 +136,31 @@ def _zap_level(value: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with pflag's rules for the flags in `pflag_bools`: a bare boolean flag means true and never
-    takes the next argument as its value (`--tracing false` is refused with the fix, since the reference
-    would run with tracing on and silently drop the `false`), and a single-dash long name is an error that
-    names the double-dash form."""
+    """argparse with pflag's rules when `pflag` is set: a bare boolean flag (one added with `_bool_flag`) means
+    true and never takes the next argument as its value (`--tracing false` is refused with the fix, since the
+    reference would run with tracing on and silently drop the `false`), and a single-dash long name is an
+    error that names the double-dash form."""
 
-    pflag_bools: frozenset[str] = frozenset()
+    pflag = False
+
+    @property
+    def pflag_bools(self) -> frozenset[str]:
+        """The boolean flags' names (without dashes), whenever they were added."""
+        return frozenset(
+            a.option_strings[-1][2:]
+            for a in self._actions
+            if a.type is _go_bool and a.nargs == "?" and a.option_strings and a.option_strings[-1].startswith("--")
+        )
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        if self.pflag_bools:
+        if self.pflag:
             args = self._pflag_argv(list(sys.argv[1:] if args is None else args))
         return super().parse_known_args(args, namespace)
 
     def _pflag_argv(self, argv: list[str]) -> list[str]:
+        bools = self.pflag_bools
         out: list[str] = []
         i = 0
         while i < len(argv):
@@ -160,7 +170,7 @@ class _Parser(argparse.ArgumentParser):
                 out.extend(argv[i - 1 :])
                 break
             name = arg[2:] if arg.startswith("--") else ""
-            if name in self.pflag_bools:
+            if name in bools:
                 out.append(f"{arg}=true")
                 following = argv[i] if i < len(argv) else ""
                 if following in _TRUE:  # the same either way: the flag is true
@@ -375,11 +385,7 @@ def _serve_parser(p: _Parser) -> None:
     for action in p._actions:  # short placeholders keep --help readable
         if action.metavar is None and action.option_strings and action.nargs is None:
             action.metavar = _metavar(action)
-    p.pflag_bools = frozenset(
-        a.option_strings[-1][2:]
-        for a in p._actions
-        if a.type is _go_bool and a.nargs == "?" and a.option_strings and a.option_strings[-1].startswith("--")
-    )
+    p.pflag = True
 
 
 def _options(args: argparse.Namespace) -> Options:
