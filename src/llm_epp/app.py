@@ -21,28 +21,46 @@ from llm_epp.datalayer.runtime import MetricsRuntime
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.parsing import Parser
+from llm_epp.framework.tracing import NULL_TRACER, Tracer
+from llm_epp.legacy_flags import apply_legacy_metrics_flags
 from llm_epp.observability import (
     HealthState,
-    MetricsServer,
     PrometheusRecorder,
     add_health_service,
     configure_logging,
     start_health_server,
 )
-from llm_epp.options import Options
+from llm_epp.observability.logging import level_for_flags, stacktrace_level
+from llm_epp.observability.metrics_auth import KubernetesAuthorizer
+from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
+from llm_epp.observability.stream_metrics import StreamMetrics
+from llm_epp.observability.tracing import build_tracer, shutdown_tracer, with_plugin_spans
+from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
 from llm_epp.pickapi import PickServicer
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
+from llm_epp.security.cert_reload import CertReloader, check_pair
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
+from llm_epp.security.tls_policy import cipher_suites_in_effect
+from llm_epp.stability import experimental_plugin_problem
 
 log = logging.getLogger("llm_epp")
 
 GRPC_SERVER_OPTIONS = (
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", DEFAULT_GRPC_MAX_MSG_BYTES),
+    ("grpc.max_send_message_length", DEFAULT_GRPC_MAX_MSG_BYTES),
 )
+
+
+def grpc_server_options(opts: Options) -> tuple[tuple[str, int], ...]:
+    """`GRPC_SERVER_OPTIONS` with `--grpc-max-recv-msg-size` / `--grpc-max-send-msg-size` when given."""
+    given = {
+        "grpc.max_receive_message_length": opts.grpc_max_recv_msg_size,
+        "grpc.max_send_message_length": opts.grpc_max_send_msg_size,
+    }
+    return tuple((name, given.get(name) or value) for name, value in GRPC_SERVER_OPTIONS)
 
 
 class StartupError(Exception):
@@ -62,6 +80,7 @@ class Components:
     objectives_watcher: ObjectivesFileWatcher | None
     metrics_runtime: MetricsRuntime | None
     objectives: ObjectivesStore
+    tracer: Tracer = NULL_TRACER
 
 
 def configured_parsers(config: LoadedConfig) -> list[Parser]:
@@ -91,14 +110,19 @@ def build(opts: Options) -> Components:
         except ValueError as e:
             raise StartupError(str(e)) from None
     recorder = PrometheusRecorder()
+    tracer = build_tracer(opts.tracing)
+    plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
     registry = builtin_registry()
     try:
         if opts.config_file:
-            config = load_config(opts.config_file, registry, recorder, datastore.snapshot)
+            config = load_config(opts.config_file, registry, plugin_recorder, datastore.snapshot)
         else:
-            config = load_config_text(opts.config_text or None, registry, recorder, datastore.snapshot)
+            config = load_config_text(opts.config_text or None, registry, plugin_recorder, datastore.snapshot)
     except ConfigError as e:
         raise StartupError(str(e)) from None
+    if problem := experimental_plugin_problem(config.plugin_types, opts.allow_experimental_plugins):
+        raise StartupError(problem)
+    apply_legacy_metrics_flags(config, opts)
     director = Director(
         datastore.snapshot,
         config.scheduler,
@@ -109,10 +133,11 @@ def build(opts: Options) -> Components:
             response_received=config.response_received,
             response_complete=config.response_complete,
         ),
-        recorder,
+        plugin_recorder,
         DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
         saturation=config.saturation,
         parsers=configured_parsers(config),
+        tracer=tracer,
     )
     servicer = ExtProcServicer(
         director,
@@ -140,18 +165,100 @@ def build(opts: Options) -> Components:
             refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
         )
     return Components(
-        datastore, recorder, config, director, servicer, health, watcher, pick, objectives_watcher, runtime, objectives
+        datastore,
+        recorder,
+        config,
+        director,
+        servicer,
+        health,
+        watcher,
+        pick,
+        objectives_watcher,
+        runtime,
+        objectives,
+        tracer,
     )
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
     if not opts.secure_serving:
+        for flag, given in (
+            ("--enable-cert-reload", opts.enable_cert_reload),
+            ("--tls-min-version", opts.tls_min_version),
+            ("--tls-cipher-suites", opts.tls_cipher_suites),
+        ):
+            if given:
+                log.warning("%s has no effect: ext_proc is served without TLS (--secure-serving=false)", flag)
         return None
+    if not cipher_suites_in_effect(opts.tls_cipher_suites):
+        raise StartupError(
+            "--tls-cipher-suites must be exported (GRPC_SSL_CIPHER_SUITES) before grpc is imported; start the EPP "
+            "with the llm-epp command, or call llm_epp.security.tls_policy.apply_cipher_suites first"
+        )
+    if opts.tls_cipher_suites:
+        log.info("ext_proc_tls_cipher_suites %s", ",".join(opts.tls_cipher_suites))
     try:
+        if opts.cert_path and opts.enable_cert_reload:
+            return CertReloader(opts.cert_path).credentials()
         cert, key = load_cert_dir(opts.cert_path) if opts.cert_path else self_signed()
+        if opts.cert_path:
+            check_pair(cert, key)
     except CertificateError as e:
         raise StartupError(str(e)) from None
+    if opts.enable_cert_reload:
+        log.warning("--enable-cert-reload has no effect without --cert-path: the certificate is self-signed")
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _in_cluster_client() -> Any:
+    """An ApiClient from the pod's service account, None outside a cluster (the process-wide kubernetes
+    configuration is left alone)."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        return None
+    return client.ApiClient(cfg)
+
+
+def _metrics_server(opts: Options, c: Components, api: Any) -> tuple[MetricsHttpServer, Any]:
+    """The metrics port as the flags say (not started), and the ApiClient it made for itself (None if it
+    uses discovery's or none). Without a cluster to ask, `--metrics-endpoint-auth` cannot be enforced: the
+    port is served unauthenticated with a warning, as the reference does when it runs without Kubernetes."""
+    authorizer, own = None, None
+    if opts.metrics_endpoint_auth:
+        client = api
+        if client is None:
+            client = own = _in_cluster_client()
+        if client is None:
+            log.warning(
+                "metrics_endpoint_unauthenticated: no Kubernetes API to review tokens with (not in a cluster and "
+                "no --pool-name/--endpoint-selector), so /metrics%s is served to anyone who can reach port %d; "
+                "pass --metrics-endpoint-auth=false to silence this",
+                " and /debug/pprof" if opts.enable_pprof else "",
+                opts.metrics_port,
+            )
+        else:
+            authorizer = KubernetesAuthorizer(client)
+    tls, watch = None, None
+    if opts.metrics_cert_dir:
+        try:
+            tls = server_tls_context(opts.metrics_cert_dir, opts.metrics_client_ca_file)
+        except (OSError, ValueError) as e:
+            raise StartupError(f"--metrics-cert-dir {opts.metrics_cert_dir}: cannot use its key pair: {e}") from None
+        watch = CertDirWatch(tls, opts.metrics_cert_dir)
+    server = MetricsHttpServer(
+        c.recorder.registry,
+        opts.bind_address,
+        opts.metrics_port,
+        authorizer=authorizer,
+        enable_pprof=opts.enable_pprof,
+        tls=tls,
+        cert_watch=watch,
+    )
+    return server, own
 
 
 def _kubernetes_client(opts: Options) -> Any:
@@ -169,8 +276,10 @@ def _kubernetes_client(opts: Options) -> Any:
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     c = build(opts)
     api = _kubernetes_client(opts)  # before any listener starts, so a credentials error leaks nothing
+    metrics, metrics_api = _metrics_server(opts, c, api)  # may refuse to start: before any listener too
     stop = stop or asyncio.Event()
-    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+    interceptors = [StreamMetrics(c.recorder.registry).interceptor()] if opts.enable_grpc_stream_metrics else []
+    server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
     server.add_generic_rpc_handlers((c.servicer.handler(), c.pick.handler()))
     if opts.health_checking:
         add_health_service(server, c.health)
@@ -185,7 +294,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     except RuntimeError as e:
         raise StartupError(f"cannot listen on port {opts.grpc_health_port} for health: {e}") from None
     try:
-        metrics = MetricsServer(c.recorder.registry, opts.bind_address, opts.metrics_port).start()
+        metrics.start()
     except OSError as e:
         await health_server.stop(None)
         raise StartupError(f"cannot listen on port {opts.metrics_port} for metrics: {e.strerror}") from None
@@ -228,11 +337,14 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             for task in background:  # cancelling the lease sweeper releases every outstanding lease
                 task.cancel()
     finally:
+        metrics.stop()
+        if metrics_api is not None:
+            metrics_api.close()
+        shutdown_tracer(c.tracer)  # exports the spans still buffered
         if discovery is not None:
             await discovery.stop()
         if api is not None:
             api.close()
-        metrics.stop()
 
 
 class _KubernetesDiscovery:
@@ -333,7 +445,28 @@ def _write_ports(path: str, ports: dict[str, int]) -> None:
 
 
 def run(opts: Options) -> None:
-    configure_logging(opts.verbosity, json=opts.json_logs)
+    configure_logging(
+        opts.verbosity,
+        json=opts.json_logs,
+        level=level_for_flags(opts.verbosity, opts.zap_log_level),
+        stack_level=stacktrace_level(opts.zap_stacktrace_level),
+        time_encoding=opts.zap_time_encoding,
+    )
+    for flag, given in (
+        ("--model-server-metrics-scheme", opts.model_server_metrics_scheme is not None),
+        ("--model-server-metrics-path", opts.model_server_metrics_path is not None),
+        ("--model-server-metrics-port", opts.model_server_metrics_port != 0),
+        (
+            "--model-server-metrics-https-insecure-skip-verify",
+            opts.model_server_metrics_https_insecure_skip_verify is not None,
+        ),
+    ):
+        if given:
+            log.warning(
+                "flag %s is deprecated: set the metrics-data-source plugin's parameters in the "
+                "EndpointPickerConfig instead",
+                flag,
+            )
     try:
         import uvloop
     except ImportError:

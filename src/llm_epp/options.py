@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_GRPC_MAX_MSG_BYTES = 64 << 20  # ext_proc messages carry whole bodies; 0 in the flags means this
+
 
 @dataclass(frozen=True)
 class Options:
@@ -13,6 +15,7 @@ class Options:
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
     cert_path: str = ""
+    enable_cert_reload: bool = False
     health_checking: bool = False
     config_file: str = ""
     config_text: str = ""
@@ -28,11 +31,33 @@ class Options:
     max_held_request_bytes: int = 256 << 20  # request body bytes held across all streams at once
     emit_endpoint_scores: bool = False
     disable_endpoint_subset_filter: bool = False
+    # logging: -v and the controller-runtime zap flags ("" = not given)
     verbosity: int = 2
     json_logs: bool = False
+    zap_log_level: str = ""
+    zap_stacktrace_level: str = ""
+    zap_time_encoding: str = ""
     ports_file: str = ""
     enable_explain: bool = False
     refresh_metrics_interval: float = 0.05
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
     objectives_file: str = ""
+    # deprecated metrics-data-source flags (None = not given; when given they replace the plugin's defaults)
+    model_server_metrics_scheme: str | None = None
+    model_server_metrics_path: str | None = None
+    model_server_metrics_port: int = 0
+    model_server_metrics_https_insecure_skip_verify: bool | None = None
+    # diagnostics
+    tracing: bool = True
+    enable_pprof: bool = True
+    metrics_endpoint_auth: bool = True
+    metrics_cert_dir: str = ""
+    metrics_client_ca_file: str = ""
+    # gRPC server and TLS
+    grpc_max_recv_msg_size: int = 0  # 0: DEFAULT_GRPC_MAX_MSG_BYTES
+    grpc_max_send_msg_size: int = 0
+    enable_grpc_stream_metrics: bool = False
+    tls_min_version: str = ""
+    tls_cipher_suites: tuple[str, ...] = ()
+    allow_experimental_plugins: bool = False

@@ -76,6 +76,7 @@ def test_pool_discovered_from_kubernetes_and_followed_when_pods_change(tmp_path:
             "--pool-namespace",
             NS,
             "--secure-serving=false",
+            "--metrics-endpoint-auth=false",  # the test scrapes /metrics without a token
             env={"KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", api.url))},
         ).start()
         try:

@@ -14,6 +14,12 @@ Test API: `create` / `update` / `delete` (each bumps the resourceVersion), `comp
 open watch connections mid-stream without the terminating chunk), `send_bookmark`, `hidden_groups` (API groups
 answered as not installed: absent from discovery, 404 on requests), `reject_writes` (a predicate
 on a client's POST/PUT body; true answers 503 ServiceUnavailable). Binds 127.0.0.1 port 0.
+
+Delegated authentication and authorization, as the metrics endpoint uses them: POST
+`authentication.k8s.io/v1` `tokenreviews` authenticates the tokens added with `add_token` (anything else is
+unauthenticated), and POST `authorization.k8s.io/v1` `subjectaccessreviews` allows a non-resource request when
+`grant` gave its verb on its path to the user or one of its groups. `review_failures` > 0 answers that many
+review requests with 500. Each review is counted in `requests` as (plural, "create").
 """
 
 from __future__ import annotations
@@ -126,7 +132,10 @@ class FakeApiServer:
         self.hidden_groups: set[str] = set()  # API groups discovery and requests treat as not installed
         # (plural, body) -> True to answer a client's POST/PUT with 503 instead of storing it
         self.reject_writes: Callable[[str, dict[str, Any]], bool] | None = None
-        self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch") -> count
+        self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch"|"create") -> count
+        self.tokens: dict[str, dict[str, Any]] = {}  # bearer token -> TokenReview status.user
+        self.grants: set[tuple[str, str, str]] = set()  # (user or group, verb, non-resource path)
+        self.review_failures = 0
         self._open: dict[tuple[str, str], int] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -291,6 +300,36 @@ class FakeApiServer:
             created = self._write(plural, body, create=current is None)
         return (201 if current is None else 200), created
 
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = (), uid: str = "") -> None:
+        with self._cond:
+            self.tokens[token] = {"username": username, "uid": uid or str(uuid.uuid4()), "groups": list(groups)}
+
+    def grant(self, subject: str, path: str, verb: str = "get") -> None:
+        """Lets the user or group `subject` use `verb` on the non-resource URL `path`."""
+        with self._cond:
+            self.grants.add((subject, verb, path))
+
+    def _review(self, plural: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self._count(plural, "create")
+        with self._cond:
+            if self.review_failures > 0:
+                self.review_failures -= 1
+                return 500, _status(500, "InternalError", "review backend unavailable")
+            spec = body.get("spec") or {}
+            if plural == "tokenreviews":
+                user = self.tokens.get(str(spec.get("token", "")))
+                status: dict[str, Any] = {"authenticated": user is not None}
+                if user is not None:
+                    status["user"] = copy.deepcopy(user)
+                kind, version = "TokenReview", "authentication.k8s.io/v1"
+            else:
+                attrs = spec.get("nonResourceAttributes") or {}
+                subjects = {spec.get("user", ""), *(spec.get("groups") or [])}
+                allowed = any((s, attrs.get("verb"), attrs.get("path")) in self.grants for s in subjects)
+                status = {"allowed": allowed}
+                kind, version = "SubjectAccessReview", "authorization.k8s.io/v1"
+        return 201, {"kind": kind, "apiVersion": version, "metadata": {}, "spec": spec, "status": status}
+
     def _count(self, plural: str, kind: str) -> None:
         with self._cond:
             self.requests[(plural, kind)] = self.requests.get((plural, kind), 0) + 1
@@ -298,6 +337,12 @@ class FakeApiServer:
     def count(self, plural: str, kind: str) -> int:
         with self._cond:
             return self.requests.get((plural, kind), 0)
+
+
+_REVIEWS = {
+    "/apis/authentication.k8s.io/v1/tokenreviews": "tokenreviews",
+    "/apis/authorization.k8s.io/v1/subjectaccessreviews": "subjectaccessreviews",
+}
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -331,6 +376,15 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path.rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        review = _REVIEWS.get(path)
+        if post and review is not None:
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                self._send_json(400, _status(400, "BadRequest", f"invalid body: {e}"))
+                return
+            self._send_json(*self.server_fake._review(review, body))
+            return
         for res in RESOURCES.values():
             head = res.prefix + "/namespaces/"
             if not path.startswith(head):

@@ -64,6 +64,8 @@ class EppProcess:
         ]
         if "--grpc-port" not in self.args:
             cmd += ["--grpc-port", "0"]
+        if not any(a.startswith("--tracing") for a in self.args):
+            cmd.append("--tracing=false")  # a loopback stack has no collector; the default exporter is the console
         env = {**os.environ, **(self.env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -2,7 +2,10 @@
 and one handler on the root logger renders each record as a single line, either JSON (one object per
 line, serialised with orjson) or for the console (`<timestamp> <LEVEL> <logger>: <event> key=value ...`).
 
-`-v N` mirrors the reference: ≤2 DEFAULT → INFO, 3 VERBOSE (15), 4 DEBUG, ≥5 TRACE (5). Request
+`-v N` mirrors the reference: ≤2 DEFAULT → INFO, 3 VERBOSE (15), 4 DEBUG, ≥5 TRACE (5). The controller-runtime
+zap flags map onto this: `--zap-log-level` (debug, info, error, panic or N) replaces -v as in the reference
+(`level_for_flags`), `--zap-encoder` / `--zap-devel` pick JSON or console lines, `--zap-stacktrace-level` adds
+the calling stack to lines at or above it, `--zap-time-encoding` sets the timestamp format. Request
 context (`request_id`, `model`, `target_model`) is bound once per request in a context variable; every
 line logged in that context (the ext_proc stream's task: asyncio tasks copy contexts) carries it.
 `extra={...}` fields of a log call are rendered after the request context.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
 from contextvars import ContextVar
 from typing import IO, Any
 
@@ -41,6 +45,7 @@ _PLAIN_RECORD_SIZE = len(_PLAIN_RECORD)
 _RECORD_ATTRS = frozenset(_PLAIN_RECORD) | {"message", "asctime", "taskName"}
 
 _MILLIS = tuple(f"{ms:03d}Z" for ms in range(1000))
+_TIME_ENCODINGS = ("epoch", "millis", "nanos", "iso8601", "rfc3339", "rfc3339nano")
 
 
 def level_for_verbosity(verbosity: int) -> int:
@@ -53,11 +58,54 @@ def level_for_verbosity(verbosity: int) -> int:
     return TRACE
 
 
-def configure_logging(verbosity: int = 2, json: bool = False, *, stream: IO[str] | None = None) -> None:
+def level_for_zap(zap_level: int) -> int:
+    """The stdlib level for a zap level (logr's V(n) is zap level -n): -5 and below TRACE, -4 DEBUG, -3
+    VERBOSE, -2..0 INFO (llm-epp's INFO lines are the reference's V(0)..V(2) lines), 1 WARNING, 2..3 ERROR,
+    4 and above CRITICAL."""
+    if zap_level <= 0:
+        return level_for_verbosity(-zap_level)
+    if zap_level == 1:
+        return logging.WARNING
+    return logging.ERROR if zap_level < 4 else logging.CRITICAL
+
+
+_ZAP_NAMED_LEVELS = {"debug": -1, "info": 0, "error": 2, "panic": 4}
+_ZAP_STACK_LEVELS = {"info": logging.INFO, "error": logging.ERROR, "panic": logging.CRITICAL}
+
+
+def level_for_flags(verbosity: int, zap_log_level: str = "") -> int:
+    """The root level for `-v N` and `--zap-log-level` (which wins when given), as the reference: zap level
+    = -v unless --zap-log-level (debug, info, error, panic, or N > 0 meaning -N) is given."""
+    if not zap_log_level:
+        return level_for_zap(-verbosity)
+    named = _ZAP_NAMED_LEVELS.get(zap_log_level.lower())
+    return level_for_zap(named if named is not None else -int(zap_log_level))
+
+
+def stacktrace_level(name: str) -> int | None:
+    """The stdlib level for `--zap-stacktrace-level` (info, error, panic); None when not given."""
+    return _ZAP_STACK_LEVELS[name.lower()] if name else None
+
+
+def configure_logging(
+    verbosity: int = 2,
+    json: bool = False,
+    *,
+    stream: IO[str] | None = None,
+    level: int | None = None,
+    stack_level: int | None = None,
+    time_encoding: str = "",
+) -> None:
     """Installs one handler on the root logger writing to `stream` (default stderr), replacing a previous
-    one installed here (other handlers are left alone), and sets the root level. Idempotent."""
+    one installed here (other handlers are left alone), and sets the root level. Idempotent.
+
+    `level` (a stdlib level) overrides `verbosity`; lines at or above `stack_level` carry the stack of the
+    logging call; `time_encoding` is one of zap's (`epoch`, `millis`, `nanos`, `iso8601`, `rfc3339`,
+    `rfc3339nano`), "" for the default ISO 8601 UTC with milliseconds."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if json else ConsoleFormatter())
+    handler.setFormatter(JsonFormatter(time_encoding) if json else ConsoleFormatter(time_encoding))
+    if stack_level is not None:
+        handler.addFilter(_StackFilter(stack_level))
     setattr(handler, _HANDLER_MARK, True)
 
     root = logging.getLogger()
@@ -65,7 +113,8 @@ def configure_logging(verbosity: int = 2, json: bool = False, *, stream: IO[str]
         root.removeHandler(old)
         old.close()
     root.addHandler(handler)
-    level = level_for_verbosity(verbosity)
+    if level is None:
+        level = level_for_verbosity(verbosity)
     root.setLevel(level)
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if level <= TRACE else logging.WARNING)
@@ -86,14 +135,36 @@ def clear_request() -> None:
     _REQUEST.set(None)
 
 
+class _StackFilter(logging.Filter):
+    """Adds the stack of the logging call to records at or above `level` (`--zap-stacktrace-level`)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self._level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self._level and not record.stack_info and not record.exc_info:
+            frames = traceback.extract_stack()
+            while frames and frames[-1].filename in _LOGGING_FILES:
+                frames.pop()
+            record.stack_info = "Stack (most recent call last):\n" + "".join(traceback.format_list(frames)).rstrip()
+        return True
+
+
+_LOGGING_FILES = frozenset({logging.__file__, __file__})
+
+
 class _LineFormatter(logging.Formatter):
     """Shared pieces: the timestamp, the extras, the traceback text (cached on the record like the stdlib
     does). `format` is overridden whole; `logging.Formatter` only contributes `formatException`."""
 
-    def __init__(self) -> None:
+    def __init__(self, time_encoding: str = "") -> None:
         super().__init__()
         self._second = (-1, "")  # (whole second, "YYYY-MM-DDTHH:MM:SS."); one tuple, so threads see a pair
         self._levels: dict[str, str] = {}  # levelname → rendered level
+        if time_encoding and time_encoding not in _TIME_ENCODINGS:
+            raise ValueError(f"unknown time encoding {time_encoding!r}; one of {', '.join(_TIME_ENCODINGS)}")
+        self._encoding = time_encoding
 
     def _timestamp(self, record: logging.LogRecord) -> str:
         second = int(record.created)
@@ -102,6 +173,23 @@ class _LineFormatter(logging.Formatter):
             prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
             self._second = (second, prefix)
         return prefix + _MILLIS[int(record.msecs)]
+
+    def _time(self, record: logging.LogRecord) -> str | float | int:
+        """The timestamp in the configured encoding: numbers for epoch, millis and nanos."""
+        encoding = self._encoding
+        if not encoding or encoding == "iso8601":
+            return self._timestamp(record)
+        if encoding == "epoch":
+            return record.created
+        if encoding == "millis":
+            return record.created * 1000
+        if encoding == "nanos":
+            return int(record.created * 1_000_000_000)
+        whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(record.created)))
+        if encoding == "rfc3339":
+            return whole + "Z"
+        fraction = f"{record.created % 1:.9f}"[2:].rstrip("0")  # rfc3339nano: trailing zeros dropped
+        return f"{whole}.{fraction}Z" if fraction else whole + "Z"
 
     def _tail(self, record: logging.LogRecord) -> tuple[dict[str, Any] | None, str | None]:
         """The record's `extra={...}` fields (None if none) and its traceback / stack text (None if none)."""
@@ -126,7 +214,7 @@ class JsonFormatter(_LineFormatter):
         if level is None:
             level = self._levels[record.levelname] = record.levelname.lower()
         line: dict[str, Any] = {
-            "timestamp": self._timestamp(record),
+            "timestamp": self._time(record) if self._encoding else self._timestamp(record),
             "level": level,
             "logger": record.name,
             "event": record.getMessage(),
@@ -152,7 +240,8 @@ class ConsoleFormatter(_LineFormatter):
         level = self._levels.get(record.levelname)
         if level is None:
             level = self._levels[record.levelname] = f"{record.levelname:<5}"
-        line = f"{self._timestamp(record)} {level} {record.name}: {record.getMessage()}"
+        stamp = self._time(record) if self._encoding else self._timestamp(record)
+        line = f"{stamp} {level} {record.name}: {record.getMessage()}"
         context = _REQUEST.get()
         if context is not None:
             line += context[1]

@@ -18,7 +18,9 @@ from llm_epp.observability.logging import (
     bind_request,
     clear_request,
     configure_logging,
+    level_for_flags,
     level_for_verbosity,
+    stacktrace_level,
 )
 
 log = logging.getLogger("llm_epp.tests.observability")
@@ -222,3 +224,78 @@ async def test_request_context_is_per_task() -> None:
 
     await asyncio.gather(handle("a"), handle("b"))
     assert sorted((line["who"], line["request_id"]) for line in lines(buf)) == [("a", "a"), ("b", "b")]
+
+
+# --- the zap flags ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("verbosity", "zap_log_level", "level"),
+    [
+        (2, "", logging.INFO),
+        (1, "", logging.INFO),  # the reference chart's `--v 1`
+        (4, "", logging.DEBUG),
+        (5, "", TRACE),
+        (2, "5", TRACE),  # --zap-log-level N means -v N and wins over -v
+        (5, "info", logging.INFO),
+        (5, "debug", logging.INFO),  # zap debug is V(1), below the default V(2)
+        (2, "error", logging.ERROR),
+        (2, "panic", logging.CRITICAL),
+        (-1, "", logging.WARNING),  # -v -1: zap level 1 (warn)
+    ],
+)
+def test_zap_levels(verbosity: int, zap_log_level: str, level: int) -> None:
+    assert level_for_flags(verbosity, zap_log_level) == level
+
+
+def test_zap_log_level_error_drops_info_and_warning() -> None:
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf, level=level_for_flags(2, "error"))
+    log.info("quiet")
+    log.warning("quiet too")
+    log.error("loud")
+    assert [line["event"] for line in lines(buf)] == ["loud"]
+
+
+def test_stacktrace_level_adds_the_callers_stack() -> None:
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf, stack_level=stacktrace_level("error"))
+
+    def failing_operation_in_the_caller() -> None:
+        log.error("broken")
+
+    log.warning("no stack")
+    failing_operation_in_the_caller()
+    warning, error = lines(buf)
+    assert "exception" not in warning
+    stack = str(error["exception"])
+    assert stack.startswith("Stack (most recent call last):")
+    assert "failing_operation_in_the_caller" in stack
+    assert "logging/__init__.py" not in stack  # logging's own frames are cut off
+    assert stacktrace_level("") is None and stacktrace_level("panic") == logging.CRITICAL
+
+
+@pytest.mark.parametrize(
+    ("encoding", "pattern"),
+    [
+        ("epoch", r"^1\d{9}\.\d+$"),
+        ("millis", r"^1\d{12}\.?\d*$"),
+        ("nanos", r"^1\d{18}$"),
+        ("iso8601", r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$"),
+        ("rfc3339", r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"),
+        ("rfc3339nano", r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z$"),
+    ],
+)
+def test_time_encodings(encoding: str, pattern: str) -> None:
+    before = time.time()
+    buf = io.StringIO()
+    configure_logging(2, json=True, stream=buf, time_encoding=encoding)
+    log.info("stamped")
+    stamp = lines(buf)[0]["timestamp"]
+    assert re.match(pattern, str(stamp)), stamp
+    if encoding in ("epoch", "millis", "nanos"):
+        assert isinstance(stamp, int | float)
+        scale = {"epoch": 1, "millis": 1e3, "nanos": 1e9}[encoding]
+        assert before * scale - scale <= float(stamp) <= (before + 60) * scale
+    console = io.StringIO()
+    configure_logging(2, stream=console, time_encoding=encoding)
+    log.info("stamped")
+    assert re.match(pattern, console.getvalue().split(" ", 1)[0])

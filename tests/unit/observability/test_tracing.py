@@ -1,0 +1,160 @@
+"""`--tracing`: the OpenTelemetry tracer exports over OTLP/gRPC to a real in-test collector."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from llm_epp.framework import NullRecorder
+from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER
+from llm_epp.observability.tracing import (
+    DEFAULT_SERVICE_NAME,
+    OtelTracer,
+    PluginSpanRecorder,
+    build_tracer,
+    shutdown_tracer,
+    with_plugin_spans,
+)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """Keeps every span it is sent, with the service name of its resource."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, Span]] = []
+        self._lock = threading.Lock()
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        with self._lock:
+            for rs in request.resource_spans:
+                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
+                for ss in rs.scope_spans:
+                    self.spans.extend((service, span) for span in ss.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, int]]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = Collector()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, port
+    server.stop(None)
+
+
+def _env(port: int, **extra: str) -> dict[str, str]:
+    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", **extra}
+
+
+def _drive(tracer: OtelTracer, headers: dict[str, str]) -> dict[str, str]:
+    """What the servicer and director do for one request; returns the headers sent upstream."""
+    trace = tracer.start_request("req-1", headers)
+    token = CURRENT_TRACE.set(trace)
+    try:
+        t0 = time.time_ns()
+        trace.phase("parse", t0, t0 + 1_000)
+        recorder = with_plugin_spans(NullRecorder(), tracer)
+        recorder.plugin_duration("scorer", TypedName("queue-scorer", "queue"), 0.0002)
+        trace.phase("schedule", t0 + 1_000, t0 + 5_000, {"candidates": 3})
+        trace.event("picked", {"endpoint": "pod-a"})
+        upstream: dict[str, str] = {}
+        trace.inject(upstream)
+    finally:
+        CURRENT_TRACE.reset(token)
+    trace.end(200)
+    trace.end(500)  # idempotent: the first status stays
+    return upstream
+
+
+def test_request_span_continues_the_incoming_trace_and_is_exported(collector: tuple[Collector, int]) -> None:
+    received, port = collector
+    tracer = build_tracer(True, _env(port, OTEL_TRACES_SAMPLER_ARG="0"))  # ratio 0: only the parent samples
+    assert isinstance(tracer, OtelTracer)
+    upstream = _drive(tracer, {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": "vendor=x"})
+    shutdown_tracer(tracer)  # flushes the batch processor
+
+    spans = {span.name: (service, span) for service, span in received.spans}
+    assert set(spans) == {"gateway.request", "parse", "schedule", "plugin.scorer"}
+    service, request = spans["gateway.request"]
+    assert service == DEFAULT_SERVICE_NAME
+    assert request.trace_id.hex() == TRACE_ID
+    assert request.parent_span_id.hex() == PARENT_ID
+    assert request.kind == Span.SPAN_KIND_SERVER
+    attrs = {a.key: a.value for a in request.attributes}
+    assert attrs["request.id"].string_value == "req-1"
+    assert attrs["http.response.status_code"].int_value == 200
+    assert [e.name for e in request.events] == ["picked"]
+    for child in ("parse", "schedule", "plugin.scorer"):
+        span = spans[child][1]
+        assert span.trace_id.hex() == TRACE_ID
+        assert span.parent_span_id == request.span_id, child
+    plugin_attrs = {a.key: a.value.string_value for a in spans["plugin.scorer"][1].attributes}
+    assert plugin_attrs["plugin.type"] == "queue-scorer" and plugin_attrs["plugin.name"] == "queue"
+    schedule = spans["schedule"][1]
+    assert schedule.end_time_unix_nano - schedule.start_time_unix_nano == 4_000
+
+    version, trace_id, span_id, flags = upstream["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
+    assert span_id == request.span_id.hex()  # the model server's spans hang under the request span
+    assert upstream["tracestate"] == "vendor=x"
+
+
+def test_sampled_out_requests_export_nothing_but_still_propagate(collector: tuple[Collector, int]) -> None:
+    received, port = collector
+    tracer = build_tracer(True, _env(port, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0"))
+    assert isinstance(tracer, OtelTracer)
+    upstream = _drive(tracer, {})
+    shutdown_tracer(tracer)
+    assert received.spans == []
+    flags = int(upstream["traceparent"].rsplit("-", 1)[1], 16)
+    assert flags & 1 == 0  # a fresh trace id, flagged not sampled
+
+
+def test_service_name_and_sampler_come_from_the_environment(
+    collector: tuple[Collector, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received, port = collector
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "my-epp")
+    tracer = build_tracer(True, _env(port, OTEL_TRACES_SAMPLER="always_on"))
+    assert isinstance(tracer, OtelTracer)
+    _drive(tracer, {})
+    shutdown_tracer(tracer)
+    assert {service for service, _ in received.spans} == {"my-epp"}
+    assert len(received.spans) == 4
+
+
+def test_reference_defaults_and_fallbacks(caplog: pytest.LogCaptureFixture) -> None:
+    tracer = build_tracer(True, {"OTEL_TRACES_EXPORTER": "none"})
+    assert isinstance(tracer, OtelTracer)
+    assert tracer.provider.sampler.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.1}")
+    shutdown_tracer(tracer)
+    tracer = build_tracer(True, {"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_TRACES_SAMPLER": "jaeger_remote"})
+    assert isinstance(tracer, OtelTracer)
+    assert tracer.provider.sampler.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.1}")
+    shutdown_tracer(tracer)
+    assert "OTEL_TRACES_EXPORTER='zipkin'" in caplog.text and "OTEL_TRACES_SAMPLER='jaeger_remote'" in caplog.text
+
+
+def test_tracing_off_is_the_null_tracer_and_an_unwrapped_recorder() -> None:
+    tracer = build_tracer(False)
+    assert tracer is NULL_TRACER
+    recorder = NullRecorder()
+    assert with_plugin_spans(recorder, tracer) is recorder
+    assert isinstance(
+        with_plugin_spans(recorder, build_tracer(True, {"OTEL_TRACES_EXPORTER": "none"})), PluginSpanRecorder
+    )
