@@ -28,6 +28,7 @@ from llm_epp.observability import (
     configure_logging,
     start_health_server,
 )
+from llm_epp.observability.known_models import ConfiguredAndServedModels
 from llm_epp.options import Options
 from llm_epp.pickapi import LeaseTable, PickServicer
 from llm_epp.plugins import builtin_registry
@@ -82,7 +83,8 @@ def build(opts: Options) -> Components:
             objectives_watcher.load()
         except ValueError as e:
             raise StartupError(str(e)) from None
-    recorder = PrometheusRecorder()
+    # Model names become metric labels only when a rewrite rule or a pod names them (or once served).
+    recorder = PrometheusRecorder(known_models=ConfiguredAndServedModels(objectives, datastore.snapshot))
     registry = builtin_registry()
     try:
         if opts.config_file:
