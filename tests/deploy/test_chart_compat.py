@@ -175,10 +175,12 @@ GUIDES: dict[str, str | None] = {
     # guides/predicted-latency-based-scheduling/scheduler/predicted-latency.values.yaml
     "llmd-predicted-latency.yaml": "latencyPredictor.enabled: latency prediction (training and prediction servers, "
     "predicted-latency plugins) is not supported yet",
-    # guides/wide-ep-lws/manifests/inferencepool.values.yaml and
-    # guides/inference-scheduling/gaie-inference-scheduling/values.yaml
-    "llmd-wide-ep-inferencepool.yaml": "inferenceExtension.flags.kv-cache-usage-percentage-metric: the legacy "
-    "engine-metric flags are not supported",
+    # guides/wide-ep-lws/manifests/inferencepool.values.yaml, and the same legacy metric flag in
+    # guides/inference-scheduling/gaie-inference-scheduling/values.yaml and guides/pd-disaggregation/gaie-pd/values.yaml
+    "llmd-wide-ep-inferencepool.yaml": None,
+    # guides/inference-scheduling/scheduler/inference-scheduling.values.yaml: keys in the wrong section
+    "llmd-inference-scheduling-misplaced.yaml": "additional properties 'pluginsConfigFile', 'pluginsCustomConfig' "
+    "not allowed",
     # guides/recipes/inferencepool/inferencepool-pd.values.yaml
     "llmd-inferencepool-pd.yaml": 'inferencePool.apiVersion: "inference.networking.x-k8s.io/v1alpha2" is not '
     "supported yet",
@@ -241,3 +243,40 @@ def test_guide_layouts_have_their_upstream_effect() -> None:
     flags_list = render({**APP, "inferenceExtension": {"flags": [{"name": "v", "value": "4"}]}})
     args = flags_list[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert parse_epp_args(args).verbosity == 4
+
+
+def test_legacy_metric_flags_set_engine_configs() -> None:
+    """The older EPPs' engine-metric flags (still in llm-d guide values) become core-metrics-extractor
+    engineConfigs of the generated config, the built-in engine's other specs kept; they are not passed."""
+    from llm_epp.plugins.datalayer.core_metrics_extractor import BUILTIN_ENGINES
+
+    flags = {
+        "v": 1,
+        "kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
+        "lora-info-metric": "",
+        "total-queued-requests-metric": "my_queue{kind=waiting}",
+    }
+    for builtin in BUILTIN_ENGINES:
+        vals = {**APP, "inferenceExtension": {"flags": flags}}
+        vals["inferencePool"] = {**APP["inferencePool"], "modelServerType": builtin.name}
+        objs = render(vals)
+        epp = check_rendered(objs)
+        assert not any("metric=" in a for a in epp["args"])
+        cfg = yaml.safe_load(objs[("ConfigMap", "demo-epp")]["data"]["default-plugins.yaml"])
+        params = next(p for p in cfg["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]
+        (engine,) = params["engineConfigs"]
+        expected = {k: v for k, v in builtin.model_dump(by_alias=True).items() if v}
+        expected.update(
+            kvUsageSpec="vllm:kv_cache_usage_perc", loraSpec="", queuedRequestsSpec="my_queue{kind=waiting}"
+        )
+        assert engine == expected
+
+
+def test_legacy_metric_flags_with_a_custom_config_fail() -> None:
+    vals = yaml.safe_load((VALUES / "llmd-optimized-baseline.yaml").read_text())
+    vals["inferenceExtension"]["flags"] = {"kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc"}
+    with pytest.raises(helm_python.HelmError) as err:
+        render(vals)
+    assert "inferenceExtension.flags.kv-cache-usage-percentage-metric: the legacy engine-metric flags only set" in str(
+        err.value
+    )

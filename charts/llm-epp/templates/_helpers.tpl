@@ -140,10 +140,62 @@ seconds or minutes) plus 100 s for streams still running, and never below the re
 {{- max 130 (add $drain 100) -}}
 {{- end -}}
 
+{{/* The engine-metric specs core-metrics-extractor has built in (kept in step by tests/deploy). */}}
+{{- define "llm-epp.builtinEngines" -}}
+vllm:
+  queuedRequestsSpec: "vllm:num_requests_waiting"
+  runningRequestsSpec: "vllm:num_requests_running"
+  kvUsageSpec: "vllm:kv_cache_usage_perc"
+  loraSpec: "vllm:lora_requests_info"
+  cacheInfoSpec: "vllm:cache_config_info"
+sglang:
+  queuedRequestsSpec: "sglang:num_queue_reqs"
+  runningRequestsSpec: "sglang:num_running_reqs"
+  kvUsageSpec: "sglang:token_usage"
+  cacheInfoSpec: "sglang:cache_config_info"
+  cacheBlockSizeLabelName: page_size
+  cacheNumBlocksLabelName: num_pages
+trtllm-serve:
+  queuedRequestsSpec: trtllm_num_requests_waiting
+  runningRequestsSpec: trtllm_num_requests_running
+  kvUsageSpec: trtllm_kv_cache_utilization
+  cacheBlockSizeSpec: trtllm_kv_cache_tokens_per_block
+  cacheNumBlocksSpec: trtllm_kv_cache_max_blocks
+triton-tensorrt-llm:
+  queuedRequestsSpec: "nv_trt_llm_request_metrics{request_type=waiting}"
+  runningRequestsSpec: "nv_trt_llm_request_metrics{request_type=scheduled}"
+  kvUsageSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}"
+  cacheBlockSizeSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}"
+  cacheNumBlocksSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}"
+{{- end -}}
+
+{{/* The older EPP flags that named engine metrics, and the engineConfigs field each one sets. */}}
+{{- define "llm-epp.legacyMetricFlags" -}}
+total-queued-requests-metric: queuedRequestsSpec
+total-running-requests-metric: runningRequestsSpec
+kv-cache-usage-percentage-metric: kvUsageSpec
+lora-info-metric: loraSpec
+cache-info-metric: cacheInfoSpec
+{{- end -}}
+
+{{/* The engineConfigs fields the legacy metric flags set (a JSON object, empty without such flags). */}}
+{{- define "llm-epp.legacyMetricOverrides" -}}
+{{- $legacy := include "llm-epp.legacyMetricFlags" . | fromYaml -}}
+{{- $out := dict -}}
+{{- range (include "llm-epp.flagList" . | fromJsonArray) -}}
+{{- if hasKey $legacy .name -}}
+{{- $_ := set $out (get $legacy .name) (include "llm-epp.flagValue" .value | trimAll "\"") -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* The generated EndpointPickerConfig: the reference default scorer set and weights. */}}
 {{- define "llm-epp.defaultPlugins" -}}
 {{- $mds := .Values.inferenceExtension.metricsDataSource | default dict -}}
 {{- $parser := include "llm-epp.parserType" . -}}
+{{- $engine := include "llm-epp.modelServerType" . -}}
+{{- $overrides := include "llm-epp.legacyMetricOverrides" . | fromJson -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -157,7 +209,15 @@ plugins:
     insecureSkipVerify: {{ if hasKey $mds "insecureSkipVerify" }}{{ $mds.insecureSkipVerify }}{{ else }}true{{ end }}
 - type: core-metrics-extractor
   parameters:
-    defaultEngine: {{ include "llm-epp.modelServerType" . }}
+    defaultEngine: {{ $engine }}
+    {{- if $overrides }}
+    # From the legacy engine-metric flags in inferenceExtension.flags.
+    {{- $spec := get (include "llm-epp.builtinEngines" . | fromYaml) $engine }}
+    {{- range $field, $value := $overrides }}{{ $_ := set $spec $field $value }}{{ end }}
+    engineConfigs:
+    - name: {{ $engine }}
+      {{- $spec | toYaml | nindent 6 }}
+    {{- end }}
 schedulingProfiles:
 - name: default
   plugins:
@@ -230,8 +290,8 @@ dataLayer:
 {{- if not .name -}}
 {{- fail "inferenceExtension.flags: every list entry needs a name (a list of {name, value})" -}}
 {{- end -}}
-{{- if has .name (list "total-queued-requests-metric" "total-running-requests-metric" "kv-cache-usage-percentage-metric" "lora-info-metric" "cache-info-metric") -}}
-{{- fail (printf "inferenceExtension.flags.%s: the legacy engine-metric flags are not supported (GIE v1.5 rejects them as well); name engine metrics with core-metrics-extractor engineConfigs in a pluginsCustomConfig file" .name) -}}
+{{- if and (hasKey (include "llm-epp.legacyMetricFlags" $ | fromYaml) .name) (ne $ie.pluginsConfigFile "default-plugins.yaml") -}}
+{{- fail (printf "inferenceExtension.flags.%s: the legacy engine-metric flags only set core-metrics-extractor engineConfigs in the generated default-plugins.yaml; with pluginsConfigFile %q set engineConfigs in that file instead" .name $ie.pluginsConfigFile) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (ne $ie.pluginsConfigFile "default-plugins.yaml") (not (hasKey ($ie.pluginsCustomConfig | default dict) $ie.pluginsConfigFile)) -}}
