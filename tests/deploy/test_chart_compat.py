@@ -16,8 +16,8 @@ import yaml
 from llm_epp.config import ConfigError, load_config
 from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry
-from tests.deploy.conftest import parse_epp_args, validate_object
-from tests.deploy.render_assets import chart_objects, render_chart
+from tests.deploy.conftest import KUBE_VERSION, parse_epp_args, validate_object
+from tests.deploy.render_assets import CHART, chart_objects, render_chart
 
 VALUES = Path(__file__).parent / "values"
 APP = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm-qwen3-32b"}}}}
@@ -209,6 +209,8 @@ def test_guide_values_render_or_fail_clearly(name: str, failure: str | None) -> 
         assert failure in str(err.value)
         return
     check_rendered(render(vals))
+    report = helm_python.lint(CHART, vals, strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
 
 
 def test_guide_layouts_have_their_upstream_effect() -> None:
