@@ -282,3 +282,56 @@ def test_legacy_metric_flags_with_a_custom_config_fail() -> None:
     assert "inferenceExtension.flags.kv-cache-usage-percentage-metric: the legacy engine-metric flags only set" in str(
         err.value
     )
+
+
+def test_every_key_the_reference_templates_read_is_accepted() -> None:
+    """Keys the reference chart's templates (and its epplib subchart) read but its values.yaml does not set."""
+    vals: dict[str, Any] = {
+        "inferenceExtension": {
+            "apiVersion": "inference.networking.k8s.io",
+            "metricsPort": 9090,
+            "sidecar": {
+                "enabled": True,
+                "name": "proxy",
+                "image": "example.com/proxy:v1",
+                "imagePullPolicy": "IfNotPresent",
+                "command": "proxy",
+                "args": ["--port", "8081"],
+                "env": [{"name": "A", "value": "1"}],
+                "ports": [{"name": "http", "containerPort": 8081}],
+                "livenessProbe": {"httpGet": {"path": "/live", "port": 8081}},
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8081}},
+                "resources": {"requests": {"cpu": "100m"}},
+                "volumeMounts": [{"name": "proxy-config", "mountPath": "/etc/proxy"}],
+                "volumes": [{"name": "proxy-config", "configMap": {"name": "{{ .Release.Name }}-proxy"}}],
+                "configMap": {"name": "demo-proxy", "data": {"proxy.yaml": "listen: 8081\n"}},
+            },
+            "latencyPredictor": {
+                "enabled": False,
+                "eppEnv": {"LATENCY_MAX_SAMPLE_SIZE": "10000"},
+                "trainingServer": {"port": 8000, "config": {"LATENCY_MODEL_TYPE": "xgboost"}},
+                "predictionServers": {"count": 1, "startPort": 8001},
+            },
+            "endpointsServer": {"createInferencePool": True, "targetPorts": 8000, "modelServerType": "vllm"},
+        },
+        "inferencePool": {
+            "modelServers": {"matchLabels": {"app": "vllm"}},
+            "targetPortNumber": 8000,
+            "apiVersion": "inference.networking.k8s.io/v1",
+        },
+        "experimentalHttpRoute": {
+            "enabled": True,
+            "baseModel": "Qwen/Qwen3-32B",
+            "inferenceGatewayName": "gw",
+            "requestTimeout": "120s",
+        },
+    }
+    objs = render(vals)
+    check_rendered(objs)
+    pod = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
+    proxy = next(c for c in pod["containers"] if c["name"] == "proxy")
+    assert proxy["command"] == ["proxy"] and proxy["args"] == ["--port", "8081"]
+    assert {"name": "proxy-config", "configMap": {"name": "demo-proxy"}} in pod["volumes"]  # templated
+    assert objs[("ConfigMap", "demo-proxy")]["data"] == {"proxy.yaml": "listen: 8081\n"}
+    assert objs[("HTTPRoute", "demo")]["spec"]["parentRefs"][0]["name"] == "gw"
+    assert ("InferencePool", "demo") in objs  # createInferencePool: true keeps the pool
