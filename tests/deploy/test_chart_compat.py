@@ -190,6 +190,11 @@ GUIDES: dict[str, str | tuple[str, ...] | None] = {
     # guides/inference-scheduling/gaie-inference-scheduling/values-slo.yaml
     "llmd-slo-sidecars.yaml": "inferenceExtension.sidecars.predictionServers.enabled: the latency-predictor "
     "sidecars are not supported yet",
+    # guides/inference-scheduling/gaie-inference-scheduling/values_sglang.yaml
+    "llmd-sglang-scheduling.yaml": None,
+    # guides/tiered-prefix-cache/cpu/manifests/inferencepool/values.yaml: its misspelt
+    # monitoring.prometheus.enable is named (the reference chart ignores it)
+    "llmd-tiered-prefix-cache.yaml": ("at '/inferenceExtension/monitoring/prometheus'", "'enable'"),
     # guides/recipes/router/base.values.yaml (and every guides/**/router/*.values.yaml built on it)
     "llmd-router-base.yaml": "router: the llm-d-router chart layout (router.epp, router.modelServers, ...) is not "
     "supported yet",
@@ -280,7 +285,7 @@ def test_legacy_metric_flags_set_engine_configs() -> None:
 
 def test_legacy_metric_flags_with_a_custom_config_fail() -> None:
     vals = yaml.safe_load((VALUES / "llmd-optimized-baseline.yaml").read_text())
-    vals["inferenceExtension"]["flags"] = {"kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc"}
+    vals["inferenceExtension"]["flags"] = {"kv-cache-usage-percentage-metric": "vllm:gpu_cache_usage_perc"}
     with pytest.raises(helm_python.HelmError) as err:
         render(vals)
     assert "inferenceExtension.flags.kv-cache-usage-percentage-metric: the legacy engine-metric flags only set" in str(
@@ -339,3 +344,14 @@ def test_every_key_the_reference_templates_read_is_accepted() -> None:
     assert objs[("ConfigMap", "demo-proxy")]["data"] == {"proxy.yaml": "listen: 8081\n"}
     assert objs[("HTTPRoute", "demo")]["spec"]["parentRefs"][0]["name"] == "gw"
     assert ("InferencePool", "demo") in objs  # createInferencePool: true keeps the pool
+
+
+def test_a_legacy_metric_flag_naming_the_built_in_metric_is_fine_with_a_custom_config() -> None:
+    """guides/tiered-prefix-cache/cpu/manifests/inferencepool/values.yaml, with its misspelt key fixed."""
+    vals = yaml.safe_load((VALUES / "llmd-tiered-prefix-cache.yaml").read_text())
+    vals["inferenceExtension"]["monitoring"]["prometheus"] = {"enabled": False}
+    epp = check_rendered(render(vals))
+    assert not any(a.split("=")[0].endswith("-metric") for a in epp["args"])
+    vals["inferenceExtension"]["flags"] = {"kv-cache-usage-percentage-metric": "vllm:gpu_cache_usage_perc"}
+    with pytest.raises(helm_python.HelmError, match="with pluginsConfigFile"):
+        render(vals)

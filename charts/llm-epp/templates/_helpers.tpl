@@ -290,8 +290,13 @@ dataLayer:
 {{- if not .name -}}
 {{- fail "inferenceExtension.flags: every list entry needs a name (a list of {name, value})" -}}
 {{- end -}}
-{{- if and (hasKey (include "llm-epp.legacyMetricFlags" $ | fromYaml) .name) (ne $ie.pluginsConfigFile "default-plugins.yaml") -}}
+{{- $legacy := include "llm-epp.legacyMetricFlags" $ | fromYaml -}}
+{{- if and (hasKey $legacy .name) (ne $ie.pluginsConfigFile "default-plugins.yaml") -}}
+{{- /* Naming the metric the engine's built-in config reads anyway is fine; anything else cannot be applied. */ -}}
+{{- $builtin := get (include "llm-epp.builtinEngines" $ | fromYaml) (include "llm-epp.modelServerType" $) | default dict -}}
+{{- if ne (include "llm-epp.flagValue" .value | trimAll "\"") (get $builtin (get $legacy .name) | default "") -}}
 {{- fail (printf "inferenceExtension.flags.%s: the legacy engine-metric flags only set core-metrics-extractor engineConfigs in the generated default-plugins.yaml; with pluginsConfigFile %q set engineConfigs in that file instead" .name $ie.pluginsConfigFile) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and (ne $ie.pluginsConfigFile "default-plugins.yaml") (not (hasKey ($ie.pluginsCustomConfig | default dict) $ie.pluginsConfigFile)) -}}
