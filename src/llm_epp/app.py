@@ -30,6 +30,7 @@ from llm_epp.observability import (
     configure_logging,
     start_health_server,
 )
+from llm_epp.observability.known_models import ConfiguredAndServedModels
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
@@ -109,7 +110,8 @@ def build(opts: Options) -> Components:
             objectives_watcher.load()
         except ValueError as e:
             raise StartupError(str(e)) from None
-    recorder = PrometheusRecorder()
+    # Model names become metric labels only when a rewrite rule or a pod names them (or once served).
+    recorder = PrometheusRecorder(known_models=ConfiguredAndServedModels(objectives, datastore.snapshot))
     tracer = build_tracer(opts.tracing)
     plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
     registry = builtin_registry()

@@ -10,8 +10,7 @@ import helm_python
 import pytest
 import yaml
 
-from llm_epp.cli import build_parser
-from tests.deploy.conftest import KUBE_VERSION, validate_object
+from tests.deploy.conftest import KUBE_VERSION, parse_epp_args, validate_object
 from tests.deploy.render_assets import CHART, chart_objects, render_chart
 
 LABELS = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm-llama3-8b"}}}}
@@ -122,13 +121,12 @@ def test_defaults() -> None:
 
 def test_epp_accepts_the_rendered_args() -> None:
     """Every flag the chart passes is one `llm-epp serve` accepts, leader election included."""
-    parser = build_parser()
     for replicas in (1, 3):
         vals = values(
             **{"inferenceExtension.replicas": replicas, "inferenceExtension.flags": {"v": 4, "enable-explain": "true"}}
         )
         args = epp_container(objects(vals))["args"]
-        ns = parser.parse_args(args)
+        ns = parse_epp_args(args)
         assert ns.pool_name == "demo" and ns.zap_encoder == "json" and ns.verbosity == 4
         assert ns.ha_enable_leader_election is (replicas > 1)
 
@@ -213,7 +211,14 @@ def test_monitoring_labels_and_pool_create_off() -> None:
     )
     sm = objs[("ServiceMonitor", "demo-epp")]
     assert sm["metadata"]["labels"]["release"] == "kps"
-    assert sm["spec"]["endpoints"] == [{"port": "http-metrics", "path": "/metrics", "interval": "10s"}]
+    assert sm["spec"]["endpoints"] == [
+        {
+            "port": "http-metrics",
+            "path": "/metrics",
+            "interval": "10s",
+            "authorization": {"credentials": {"name": "inference-gateway-sa-metrics-reader-secret", "key": "token"}},
+        }
+    ]
     assert not any(k == "InferencePool" for k, _ in objs)
 
 
@@ -227,13 +232,12 @@ def test_lint() -> None:
 @pytest.mark.parametrize(
     ("vals", "names"),
     [
-        ({}, ["inferencePool/modelServers/matchLabels"]),
+        ({}, ["inferencePool.modelServers.matchLabels is required"]),
         (values(**{"inferenceExtension.failureMode": "Open"}), ["inferenceExtension/failureMode"]),
         (values(**{"inferenceExtension.replicas": 0}), ["inferenceExtension/replicas"]),
         (values(**{"inferenceExtension.replicas": "2"}), ["inferenceExtension/replicas"]),
         (values(**{"provider.name": "aws"}), ["provider/name"]),
         (values(**{"inferencePool.modelServerType": "ollama"}), ["inferencePool/modelServerType"]),
-        (values(**{"inferenceExtension.tracing.enabled": True}), ["inferenceExtension.tracing.enabled"]),
         (values(**{"inferenceExtension.pluginsConfigFile": "missing.yaml"}), ["inferenceExtension.pluginsConfigFile"]),
     ],
 )
@@ -242,3 +246,214 @@ def test_bad_values_fail_naming_the_value(vals: dict[str, Any], names: list[str]
         render_chart(vals)
     for name in names:
         assert name in str(err.value)
+
+
+def test_default_render_starts_todays_llm_epp() -> None:
+    """The default args parse with the real parser and pass its checks, with no flag left out."""
+    args = epp_container(objects(LABELS))["args"]
+    ns = parse_epp_args(args)  # strict: no flag of FLAGS_IN_FLIGHT tolerated here
+    assert ns.command == "serve" and ns.pool_group == "inference.networking.k8s.io" and ns.verbosity == 1
+    assert ns.config_file == "/config/default-plugins.yaml" and ns.metrics_port == 9090
+    assert ns.tracing is False  # the reference chart passes --tracing=false unless tracing.enabled
+
+
+@pytest.mark.parametrize(
+    ("vals", "key"),
+    [
+        (values(**{"inferenceExtension.replicaz": 2}), "replicaz"),
+        (values(**{"inferenceExtension.image.registy": "r"}), "registy"),
+        (values(**{"inferenceExtension.monitoring.prometheus.auth.enable": False}), "enable"),
+        (values(**{"inferenceExtension.tracing.sampling.samplerArgs": "0.2"}), "samplerArgs"),
+        (values(**{"inferenceExtension.sidecar.imagePullPolcy": "Always"}), "imagePullPolcy"),
+        (values(**{"inferenceExtension.endpointsServer.endpointSelecter": "a=b"}), "endpointSelecter"),
+        (values(**{"inferenceExtension.metricsDataSource.schema": "https"}), "schema"),
+        (values(**{"inferencePool.modelServerProtocl": "grpc"}), "modelServerProtocl"),
+        (values(**{"experimentalHttpRoute.baseModle": "m"}), "baseModle"),
+        (values(**{"provider.istio.destinationRule.hosts": "h"}), "hosts"),
+        (values(inferenceExtention={"replicas": 2}), "inferenceExtention"),
+    ],
+)
+def test_misspelt_keys_fail_naming_the_key(vals: dict[str, Any], key: str) -> None:
+    with pytest.raises(helm_python.HelmError) as err:
+        render_chart(vals)
+    assert f"'{key}'" in str(err.value)
+
+
+def test_ports_env_volumes_and_metrics_source() -> None:
+    objs = objects(
+        values(
+            **{
+                "inferenceExtension.metricsPort": 9190,
+                "inferenceExtension.env": {"FEATURE_X": "true", "LEVEL": 3},
+                "inferenceExtension.extraContainerPorts": [{"name": "zmq", "containerPort": 5557, "protocol": "TCP"}],
+                "inferenceExtension.extraServicePorts": [{"name": "zmq", "port": 5557, "targetPort": 5557}],
+                "inferenceExtension.volumes": [{"name": "cache", "emptyDir": {}}],
+                "inferenceExtension.volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+                "inferenceExtension.metricsDataSource": {"scheme": "https", "path": "/prometheus/metrics"},
+                "inferencePool.modelServerType": "trtllm-serve",
+            }
+        )
+    )
+    for obj in objs.values():
+        validate_object(obj)
+    c = epp_container(objs)
+    assert "--metrics-port=9190" in c["args"] and parse_epp_args(c["args"]).metrics_port == 9190
+    assert {"name": "metrics", "containerPort": 9190, "protocol": "TCP"} in c["ports"]
+    assert {"name": "FEATURE_X", "value": "true"} in c["env"] and {"name": "LEVEL", "value": "3"} in c["env"]
+    assert {"name": "cache", "mountPath": "/cache"} in c["volumeMounts"]
+    svc = {p["name"]: p for p in objs[("Service", "demo-epp")]["spec"]["ports"]}
+    assert svc["http-metrics"]["port"] == 9190 and svc["zmq"]["port"] == 5557
+    cfg = yaml.safe_load(objs[("ConfigMap", "demo-epp")]["data"]["default-plugins.yaml"])
+    source = next(p for p in cfg["plugins"] if p["type"] == "metrics-data-source")
+    assert source["parameters"] == {"scheme": "https", "path": "/prometheus/metrics", "insecureSkipVerify": True}
+    assert next(p for p in cfg["plugins"] if p["type"] == "core-metrics-extractor")["parameters"] == {
+        "defaultEngine": "trtllm-serve"
+    }
+
+
+def test_metrics_auth_off_passes_the_flag_and_drops_the_token() -> None:
+    objs = objects(
+        values(
+            **{
+                "inferenceExtension.monitoring.prometheus": {"enabled": True, "auth": {"enabled": False}},
+            }
+        )
+    )
+    c = epp_container(objs)
+    assert "--metrics-endpoint-auth=false" in c["args"]
+    parse_epp_args(c["args"], allow_in_flight=True)
+    assert "authorization" not in objs[("ServiceMonitor", "demo-epp")]["spec"]["endpoints"][0]
+    assert not any(k == "Secret" for k, _ in objs)
+    # The EPP may still review tokens (the reference keeps the ClusterRole whenever monitoring is on).
+    assert ("ClusterRole", "demo-llm-epp") in objs
+
+
+def test_metrics_auth_on_creates_token_and_review_rights() -> None:
+    objs = objects(values(**{"inferenceExtension.monitoring.prometheus.enabled": True}))
+    assert not any(a.startswith("--metrics-endpoint-auth") for a in epp_container(objs)["args"])
+    secret = objs[("Secret", "inference-gateway-sa-metrics-reader-secret")]
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "demo-epp"
+    rules = objs[("ClusterRole", "demo-llm-epp")]["rules"]
+    assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in rules
+    assert {"nonResourceURLs": ["/metrics"], "verbs": ["get"]} in rules
+    binding = objs[("ClusterRoleBinding", "demo-llm-epp")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-epp", "namespace": "llm"}]
+
+
+def test_gke_monitoring_with_auth_as_the_reference() -> None:
+    for autopilot, gmp in ((False, "gmp-system"), (True, "gke-gmp-system")):
+        objs = objects(
+            values(
+                **{
+                    "provider.name": "gke",
+                    "provider.gke.autopilot": autopilot,
+                    "inferenceExtension.monitoring.prometheus.enabled": True,
+                }
+            )
+        )
+        for obj in objs.values():
+            validate_object(obj)
+        pm = objs[("PodMonitoring", "demo-epp")]["spec"]["endpoints"][0]
+        assert pm["authorization"]["credentials"]["secret"] == {"name": "demo-metrics-reader-secret", "key": "token"}
+        assert objs[("Secret", "demo-metrics-reader-secret")]["metadata"]["annotations"] == {
+            "kubernetes.io/service-account.name": "demo-metrics-reader-sa"
+        }
+        rb = objs[("RoleBinding", f"{gmp}:collector:llm-demo-metrics-reader-secret-read")]
+        assert rb["subjects"] == [{"name": "collector", "namespace": gmp, "kind": "ServiceAccount"}]
+        assert ("ServiceMonitor", "demo-epp") not in objs
+
+
+def test_grpc_model_servers_on_gke() -> None:
+    objs = objects(values(**{"provider.name": "gke", "inferencePool.modelServerType": "sglang",
+                             "inferencePool.modelServerProtocol": "grpc"}))  # fmt: skip
+    assert objs[("InferencePool", "demo")]["spec"]["appProtocol"] == "kubernetes.io/h2c"
+    assert "config" not in objs[("HealthCheckPolicy", "demo")]["spec"]["default"]  # only vLLM has a gRPC check
+    cfg = yaml.safe_load(objs[("ConfigMap", "demo-epp")]["data"]["default-plugins.yaml"])
+    assert "parser" not in cfg
+
+
+def test_parsers_the_chart_renders_are_the_ones_llm_epp_loads(tmp_path: Any) -> None:
+    """For each parser the reference chart can select, the chart renders it exactly when llm-epp's loader
+    accepts it, and the rendered config then loads."""
+    from llm_epp.config import ConfigError, load_config
+    from llm_epp.framework import NullRecorder
+    from llm_epp.plugins import builtin_registry
+
+    for parser in ("openai-parser", "passthrough-parser", "vllmgrpc-parser"):
+        probe = tmp_path / f"{parser}.yaml"
+        probe.write_text(
+            "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+            f"plugins:\n- type: queue-scorer\nparser:\n  pluginRef: {parser}\n"
+        )
+        try:
+            load_config(probe, builtin_registry(), NullRecorder())
+            loads = True
+        except ConfigError:
+            loads = False
+        vals = values(**{"inferencePool.parser": parser})
+        if not loads:
+            with pytest.raises(helm_python.HelmError, match="not supported yet"):
+                render_chart(vals)
+            continue
+        text = objects(vals)[("ConfigMap", "demo-epp")]["data"]["default-plugins.yaml"]
+        assert yaml.safe_load(text)["parser"] == {"pluginRef": parser}
+        probe.write_text(text)
+        load_config(probe, builtin_registry(), NullRecorder())
+
+
+def test_http_route() -> None:
+    objs = objects(
+        values(
+            **{
+                "experimentalHttpRoute": {"enabled": True, "baseModel": "Qwen/Qwen3-32B", "requestTimeout": "600s"},
+                "inferencePool.name": "pool-a",
+            }
+        )
+    )
+    route = objs[("HTTPRoute", "demo")]["spec"]
+    gateway = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}
+    assert route["parentRefs"] == [gateway]
+    rule = route["rules"][0]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "pool-a"}]
+    assert rule["matches"][0]["headers"] == [
+        {"type": "Exact", "name": "X-Gateway-Base-Model-Name", "value": "Qwen/Qwen3-32B"}
+    ]
+    assert rule["timeouts"] == {"request": "600s"}
+    gke = objects(values(**{"experimentalHttpRoute.enabled": True, "provider.name": "gke"}))
+    gke_rule = gke[("HTTPRoute", "demo")]["spec"]["rules"][0]
+    assert "timeouts" not in gke_rule and "headers" not in gke_rule["matches"][0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "grace"),
+    [({}, 130), ({"drain-timeout": "30s"}, 130), ({"drain-timeout": "90s"}, 190), ({"drain-timeout": "3m"}, 280)],
+)
+def test_termination_grace_covers_the_drain(flags: dict[str, str], grace: int) -> None:
+    objs = objects(values(**{"inferenceExtension.flags": {"v": 1, **flags}}))
+    assert objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    parse_epp_args(epp_container(objs)["args"], allow_in_flight=True)
+
+
+def test_legacy_target_port_number() -> None:
+    objs = objects(values(**{"inferencePool.targetPorts": None, "inferencePool.targetPortNumber": 8080}))
+    assert objs[("InferencePool", "demo")]["spec"]["targetPorts"] == [{"number": 8080}]
+
+
+@pytest.mark.parametrize(
+    ("vals", "message"),
+    [
+        (values(**{"inferenceExtension.monitoring.gke.enabled": True}), "inferenceExtension.monitoring.gke.enabled"),
+        (values(**{"inferenceExtension.sidecar.enabled": True}), "inferenceExtension.sidecar: name and image"),
+        (values(**{"inferenceExtension.apiVersion": "inference.networking.x-k8s.io"}), "inferenceExtension.apiVersion"),
+        (values(**{"inferenceExtension.flags": [{"value": "1"}]}), "missing property 'name'"),
+        (values(**{"inferencePool.targetPorts": []}), "inferencePool.targetPorts: at least one"),
+        (
+            {"inferenceExtension": {"endpointsServer": {"createInferencePool": False}}},
+            "inferenceExtension.endpointsServer.endpointSelector is required",
+        ),
+    ],
+)
+def test_render_checks_name_the_value(vals: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmError) as err:
+        render_chart(vals)
+    assert message in str(err.value)

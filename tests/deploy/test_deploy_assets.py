@@ -132,7 +132,7 @@ def test_dockerfile() -> None:
 PROMQL_WORDS = {
     "sum", "min", "max", "avg", "count", "rate", "irate", "increase", "histogram_quantile", "clamp_min",
     "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
-    "label_values", "topk", "bottomk", "abs", "e",
+    "label_values", "topk", "bottomk", "abs", "e", "label_replace",
 }  # fmt: skip
 
 
@@ -149,6 +149,8 @@ def exported_series() -> set[str]:
 
 
 def metric_names(expr: str) -> set[str]:
+    # Names given as a matcher: {__name__=~"a|b"} or {__name__="a"}.
+    named = {n for alt in re.findall(r'__name__=~?"([^"]*)"', expr) for n in alt.split("|")}
     expr = re.sub(r"label_values\(\s*([^,()]+),[^)]*\)", r"\1", expr)  # Grafana: label_values(metric, label)
     expr = re.sub(r'"[^"]*"', "", expr)  # label values
     expr = re.sub(r"\{[^}]*\}", "", expr)  # matchers
@@ -156,7 +158,7 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # grouping labels
     expr = re.sub(r"\$\w+", "", expr)  # dashboard variables
     idents = set(re.findall(r"(?<![\w.])[A-Za-z_:][\w:]*", expr))
-    return {i for i in idents if i not in PROMQL_WORDS}
+    return named | {i for i in idents if i not in PROMQL_WORDS}
 
 
 def all_exprs(node: Any) -> list[str]:
@@ -202,6 +204,7 @@ def test_dashboard_queries_only_exported_metrics() -> None:
 def test_metric_name_check_catches_unknown_names() -> None:
     assert metric_names('sum by (le) (rate(foo_bucket{a="b"}[5m]))') == {"foo_bucket"}
     assert metric_names("label_values(bar, name)") == {"bar"}
+    assert metric_names('label_values({__name__=~"bar|baz"}, name)') == {"bar", "baz"}
     assert "foo_bucket" not in exported_series()
 
 
@@ -215,3 +218,44 @@ def test_plain_manifest_matches_chart_defaults() -> None:
         yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["default-plugins.yaml"])["kind"]
         == "EndpointPickerConfig"
     )
+
+
+# GIE v1.5 name -> llm-d-router's canonical name, for the series the dashboard reads.
+TWINS = {
+    "inference_objective_request_total": "llm_d_epp_request_total",
+    "inference_objective_request_error_total": "llm_d_epp_request_error_total",
+    "inference_objective_running_requests": "llm_d_epp_request_running",
+    "inference_objective_request_duration_seconds_bucket": "llm_d_epp_request_duration_seconds_bucket",
+    "inference_objective_prompt_cached_tokens_sum": "llm_d_epp_request_cached_tokens_sum",
+    "inference_objective_input_tokens_sum": "llm_d_epp_request_input_tokens_sum",
+    "inference_objective_output_tokens_sum": "llm_d_epp_request_output_tokens_sum",
+    "inference_objective_normalized_time_per_output_token_seconds_bucket": "llm_d_epp_request_ntpot_seconds_bucket",
+    "inference_pool_ready_pods": "llm_d_epp_ready_endpoints",
+    "inference_pool_average_kv_cache_utilization": "llm_d_epp_average_kv_cache_utilization",
+    "inference_pool_average_queue_size": "llm_d_epp_average_queue_size",
+    "inference_pool_average_running_requests": "llm_d_epp_average_running_requests",
+    "inference_pool_per_pod_queue_size": "llm_d_epp_per_endpoint_queue_size",
+    "inference_extension_scheduler_e2e_duration_seconds_bucket": "llm_d_epp_scheduler_e2e_duration_seconds_bucket",
+    "inference_extension_scheduler_attempts_total": "llm_d_epp_scheduler_attempts_total",
+    "inference_extension_plugin_duration_seconds_bucket": "llm_d_epp_plugin_duration_seconds_bucket",
+    "inference_extension_prefix_indexer_size": "llm_d_epp_prefix_indexer_size",
+    "inference_extension_prefix_indexer_hit_ratio_bucket": "llm_d_epp_prefix_indexer_hit_ratio_bucket",
+    "inference_extension_prefix_indexer_hit_ratio_sum": "llm_d_epp_prefix_indexer_hit_ratio_sum",
+    "inference_extension_prefix_indexer_hit_ratio_count": "llm_d_epp_prefix_indexer_hit_ratio_count",
+}
+
+
+def test_dashboard_works_on_both_names() -> None:
+    """Each query that reads a GIE v1.5 name also reads its llm_d_epp_* twin (first, joined with `or`), so
+    the dashboard shows data from an EPP that exports either set."""
+    dash = json.loads(DASHBOARD.read_text())
+    exported = exported_series()
+    assert set(TWINS.values()) <= exported
+    for expr in all_exprs(dash):
+        names = metric_names(expr)
+        for legacy in names & set(TWINS):
+            assert TWINS[legacy] in names, f"{expr!r} reads {legacy} but not {TWINS[legacy]}"
+            assert expr.index(TWINS[legacy]) < expr.index(legacy), expr
+        for canonical in names & set(TWINS.values()):
+            legacy = next(k for k, v in TWINS.items() if v == canonical)
+            assert legacy in names, f"{expr!r} reads {canonical} but not {legacy}"

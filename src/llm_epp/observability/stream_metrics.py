@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-from llm_epp.observability.metrics import _Histogram
+from llm_epp.observability.metrics import _Buckets, _histogram, _View
 
 EXT_PROC_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
@@ -31,6 +33,18 @@ GO_CODE_NAMES = {code: "".join(part.capitalize() for part in code.name.split("_"
 }
 
 
+class _DurationCollector(Collector):
+    """One unlabelled histogram, exposed through the same writer as the EPP's other histograms."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self._view = _View(name, doc, ())
+        self._buckets = _Buckets(BUCKETS)
+        self.child = self._buckets.child()
+
+    def collect(self) -> Iterator[Metric]:
+        yield _histogram(self._view, self._buckets, [((), self.child)])
+
+
 class StreamMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.inflight = Gauge(
@@ -38,14 +52,12 @@ class StreamMetrics:
             _ALPHA + "Number of ext_proc gRPC streams currently open.",
             registry=registry,
         )
-        self._duration = _Histogram(  # `le` written as the Go client writes it, like every other histogram
+        self._duration = _DurationCollector(  # `le` written as the Go client writes it, like every other histogram
             "llm_d_epp_extproc_stream_duration_seconds",
             _ALPHA + "Duration an ext_proc gRPC stream stays open, in seconds.",
-            (),
-            BUCKETS,
-            registry,
         )
-        self.duration = self._duration.labels()
+        registry.register(self._duration)
+        self.duration = self._duration.child
         self.total = Counter(
             "llm_d_epp_extproc_streams",
             _ALPHA + "Total ext_proc gRPC streams completed, by gRPC status code.",

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import llm_epp
 from llm_epp.framework.plugin import TypedName
-from llm_epp.observability.metrics import MetricsServer, PrometheusRecorder
+from llm_epp.observability.metrics import OTHER, MetricsServer, PrometheusRecorder
 
 G = "0.005 0.025 0.05 0.1 0.2 0.4 0.6 0.8 1 1.25 1.5 2 3 4 5 6 8 10 15 20 30 45 60 120 180 240 300 360 480 600 900 1200 1800 2700 3600"  # noqa: E501
 S = "0.0001 0.0002 0.0005 0.001 0.002 0.005 0.01 0.02 0.05 0.1"
@@ -26,9 +26,12 @@ NTPOT = "0.001 0.002 0.005 0.01 0.02 0.05 0.1 0.2 0.5 1 2 5 10"
 QUEUE = TypedName("queue-scorer", "queue-scorer")
 
 
+MODELS = frozenset({"m", "t", "m2", "m-v2"})
+
+
 @pytest.fixture
 def rec() -> PrometheusRecorder:
-    return PrometheusRecorder(CollectorRegistry())
+    return PrometheusRecorder(CollectorRegistry(), known_models=MODELS)
 
 
 def families(rec: PrometheusRecorder) -> dict[str, object]:
@@ -104,11 +107,42 @@ EXPECTED = {
 }
 
 
+RQ = {"model_name", "target_model_name", "fairness_id", "priority"}
+PREFIX = {"plugin_name", "plugin_type"}
+# llm-d-router's canonical names (pkg/epp/metrics/llm_d_router_metrics.go, docs/metrics.md), emitted beside
+# the names above.
+CANONICAL = {
+    "llm_d_epp_request": ("counter", RQ),
+    "llm_d_epp_request_error": ("counter", RQ | {"error_code"}),
+    "llm_d_epp_request_duration_seconds": ("histogram", RQ),
+    "llm_d_epp_request_size_bytes": ("histogram", RQ),
+    "llm_d_epp_response_size_bytes": ("histogram", RQ),
+    "llm_d_epp_request_input_tokens": ("histogram", RQ),
+    "llm_d_epp_request_output_tokens": ("histogram", RQ),
+    "llm_d_epp_request_cached_tokens": ("histogram", RQ),
+    "llm_d_epp_request_ntpot_seconds": ("histogram", RQ),
+    "llm_d_epp_request_running": ("gauge", RQ),
+    "llm_d_epp_average_kv_cache_utilization": ("gauge", {"name"}),
+    "llm_d_epp_average_queue_size": ("gauge", {"name"}),
+    "llm_d_epp_average_running_requests": ("gauge", {"name"}),
+    "llm_d_epp_ready_endpoints": ("gauge", {"name"}),
+    "llm_d_epp_per_endpoint_queue_size": ("gauge", {"name", "model_server_endpoint"}),
+    "llm_d_epp_scheduler_e2e_duration_seconds": ("histogram", set()),
+    "llm_d_epp_scheduler_attempts": ("counter", {"status", "target_model_name", "endpoint_name", "namespace", "port"}),
+    "llm_d_epp_plugin_duration_seconds": ("histogram", {"extension_point", "plugin_type", "plugin_name"}),
+    "llm_d_epp_info": ("gauge", {"commit", "build_ref"}),
+    "llm_d_epp_model_rewrite_decisions": ("counter", {"model_rewrite_name", "model_name", "target_model"}),
+    "llm_d_epp_prefix_indexer_size": ("gauge", PREFIX),
+    "llm_d_epp_prefix_indexer_hit_ratio": ("histogram", PREFIX),
+    "llm_d_epp_prefix_indexer_hit_bytes": ("histogram", PREFIX),
+}
+
+
 def test_every_metric_has_reference_name_type_and_labels(rec: PrometheusRecorder) -> None:
     record_everything(rec)
     fams = families(rec)
-    assert set(fams) == set(EXPECTED)
-    for name, (mtype, labels) in EXPECTED.items():
+    assert set(fams) == set(EXPECTED) | set(CANONICAL)
+    for name, (mtype, labels) in {**EXPECTED, **CANONICAL}.items():
         fam = fams[name]
         assert fam.type == mtype, name  # type: ignore[attr-defined]
         samples = fam.samples  # type: ignore[attr-defined]
@@ -175,9 +209,10 @@ def test_request_completed_skips_missing_token_counts(rec: PrometheusRecorder) -
     rec.request_completed("m", "t", 1.0, 10, 20, 0, 0, 0)
     labels = {"model_name": "m", "target_model_name": "t"}
     assert value(rec, "inference_objective_request_duration_seconds_count", **labels) == 2
-    assert value(rec, "inference_objective_input_tokens_count", **labels) == 0
-    assert value(rec, "inference_objective_output_tokens_count", **labels) == 0
-    assert value(rec, "inference_objective_normalized_time_per_output_token_seconds_count", **labels) == 0
+    # Never observed: no series at all, as a Go HistogramVec child that was never created.
+    assert value(rec, "inference_objective_input_tokens_count", **labels) is None
+    assert value(rec, "inference_objective_output_tokens_count", **labels) is None
+    assert value(rec, "inference_objective_normalized_time_per_output_token_seconds_count", **labels) is None
     assert value(rec, "inference_objective_prompt_cached_tokens_count", **labels) == 1  # 0 is reported
 
 
@@ -259,7 +294,7 @@ def test_pool_gauges_replace_per_pod_series(rec: PrometheusRecorder) -> None:
 
 
 def test_recorders_are_independent() -> None:
-    a, b = PrometheusRecorder(), PrometheusRecorder()
+    a, b = PrometheusRecorder(known_models=MODELS), PrometheusRecorder(known_models=MODELS)
     a.request_scheduled("m", "t", 0)
     assert value(a, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0") == 1
     assert value(b, "inference_objective_request_total", model_name="m", target_model_name="t", priority="0") is None
@@ -299,3 +334,244 @@ def test_prefix_index_and_rewrite_metrics(rec: PrometheusRecorder) -> None:
     assert value(rec, "inference_extension_prefix_indexer_hit_bytes_sum") == 1024
     labels = {"model_rewrite_name": "canary", "model_name": "m", "target_model": "m-v2"}
     assert value(rec, "inference_extension_model_rewrite_decisions_total", **labels) == 1
+
+
+# --- client-controlled label values are bounded ------------------------------------------------------------
+
+
+def exposition(rec: PrometheusRecorder) -> str:
+    return generate_latest(rec.registry).decode()
+
+
+def one_request(rec: PrometheusRecorder, model: str, *, usage: bool = False, fairness_id: str = "") -> None:
+    rec.request_scheduled(model, model, 0, fairness_id=fairness_id)
+    rec.running_requests(model, 1, fairness_id=fairness_id)
+    rec.scheduler_attempt(True, model, "pod-a", "ns", "8000")
+    rec.model_rewrite("rule", model, model)
+    rec.running_requests(model, -1, fairness_id=fairness_id)
+    rec.request_error(model, model, "ModelServerError", fairness_id=fairness_id)
+    tokens = 10 if usage else None
+    rec.request_completed(model, model, 0.5, 100, 200, tokens, tokens, None, fairness_id=fairness_id)
+
+
+def test_many_unknown_model_names_share_one_series() -> None:
+    one = PrometheusRecorder(CollectorRegistry())
+    one_request(one, "unknown-0")
+    many = PrometheusRecorder(CollectorRegistry())
+    for i in range(3000):
+        one_request(many, f"unknown-{i}")
+    small, big = exposition(one), exposition(many)
+    assert "unknown-" not in big
+    assert big.count("\n") == small.count("\n")  # the same series, only the values grew
+    assert len(big) < len(small) + 2000
+    labels = {"model_name": OTHER, "target_model_name": OTHER, "priority": "0"}
+    assert many.registry.get_sample_value("inference_objective_request_total", labels) == 3000
+
+
+def test_a_megabyte_model_name_never_appears() -> None:
+    huge = "m" * (1 << 20)
+    rec = PrometheusRecorder(CollectorRegistry(), known_models={huge})  # even when listed as known
+    for _ in range(3):
+        one_request(rec, huge, usage=True)  # and even when a server answered with usage
+    rec.request_ttft(huge, huge, 0.1, streaming=True)
+    rec.disagg_decision(QUEUE, huge, "prefill-decode")
+    text = exposition(rec)
+    assert "mmmmmmmmmmmmmmmm" not in text
+    assert len(text) < 200_000
+    assert (
+        rec.registry.get_sample_value(
+            "llm_d_epp_request_total",
+            {"model_name": OTHER, "target_model_name": OTHER, "fairness_id": "", "priority": "0"},
+        )
+        == 3
+    )
+
+
+def test_known_models_are_labelled_as_given_and_can_change_at_run_time() -> None:
+    clock = FakeClock()
+    live: set[str] = {"llama"}
+    rec = PrometheusRecorder(CollectorRegistry(), known_models=live, series_ttl=10, clock=clock)
+    one_request(rec, "llama")
+    one_request(rec, "qwen")
+    total = "inference_objective_request_total"
+    assert (
+        rec.registry.get_sample_value(total, {"model_name": "llama", "target_model_name": "llama", "priority": "0"})
+        == 1
+    )
+    assert rec.registry.get_sample_value(total, {"model_name": OTHER, "target_model_name": OTHER, "priority": "0"}) == 1
+    live.add("qwen")  # e.g. a rewrite rule or a pod now names it
+    one_request(rec, "qwen")
+    assert (
+        rec.registry.get_sample_value(total, {"model_name": "qwen", "target_model_name": "qwen", "priority": "0"}) == 1
+    )
+    live.discard("llama")
+    clock.now += 11
+    assert rec.sweep()  # forgets admitted names; llama is now `other`
+    one_request(rec, "llama")
+    assert rec.registry.get_sample_value(total, {"model_name": OTHER, "target_model_name": OTHER, "priority": "0"}) == 2
+
+
+def test_served_models_are_learnt_from_usage_up_to_a_cap() -> None:
+    rec = PrometheusRecorder(CollectorRegistry(), max_served_models=2)
+    one_request(rec, "served-a", usage=False)  # no usage: the server did not serve it
+    assert "served-a" not in exposition(rec)
+    for name in ("served-a", "served-b", "served-c"):
+        one_request(rec, name, usage=True)
+    text = exposition(rec)
+    assert 'model_name="served-a"' in text and 'model_name="served-b"' in text
+    assert "served-c" not in text  # the cap is reached
+    duration = "inference_objective_request_duration_seconds_count"
+    assert rec.registry.get_sample_value(duration, {"model_name": "served-a", "target_model_name": "served-a"}) == 1
+
+
+def test_fairness_ids_are_capped() -> None:
+    rec = PrometheusRecorder(CollectorRegistry(), known_models=MODELS, max_fairness_ids=2, max_label_length=8)
+    for fid in ("a", "b", "c", "far-too-long-id"):
+        rec.request_scheduled("m", "t", 0, fairness_id=fid)
+    seen = {
+        s.labels["fairness_id"]: s.value
+        for f in text_string_to_metric_families(exposition(rec))
+        if f.name == "llm_d_epp_request"
+        for s in f.samples
+    }
+    assert seen == {"a": 1, "b": 1, OTHER: 2}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_idle_series_expire_but_running_ones_stay() -> None:
+    clock = FakeClock()
+    rec = PrometheusRecorder(CollectorRegistry(), known_models=MODELS, series_ttl=60, clock=clock)
+    rec.request_scheduled("m", "t", 0)
+    rec.running_requests("t", 1)  # a long request still running
+    rec.scheduler_attempt(True, "m", "pod-old", "ns", "8000")
+    clock.now += 30
+    assert not rec.sweep()  # not due yet
+    clock.now += 31
+    assert rec.sweep()  # first sweep: everything was touched in this period
+    assert (
+        rec.registry.get_sample_value(
+            "inference_extension_scheduler_attempts_total",
+            {"status": "success", "target_model_name": "m", "pod_name": "pod-old", "namespace": "ns", "port": "8000"},
+        )
+        == 1
+    )
+    rec.request_scheduled("m", "m", 0)  # touched again in the second period
+    clock.now += 61
+    assert rec.sweep()
+    text = exposition(rec)
+    assert "pod-old" not in text
+    assert 'model_name="m",priority="0",target_model_name="t"' not in text
+    assert 'model_name="m",priority="0",target_model_name="m"' in text
+    assert rec.registry.get_sample_value("inference_objective_running_requests", {"model_name": "t"}) == 1
+
+
+def test_sweeps_run_from_the_recording_path() -> None:
+    clock = FakeClock()
+    rec = PrometheusRecorder(CollectorRegistry(), known_models=MODELS, series_ttl=1, clock=clock)
+    rec.scheduler_attempt(True, "m", "pod-old", "ns", "8000")
+    for _ in range(2):
+        clock.now += 2
+        rec.set_pool_gauges("pool", 0.0, 0.0, 0.0, 1, {})  # the data layer's periodic call sweeps
+    assert "pod-old" not in exposition(rec)
+    rec.scheduler_attempt(True, "m", "pod-new", "ns", "8000")
+    for _ in range(2):
+        clock.now += 2
+        for _ in range(256):
+            rec.request_completed("m", "m", 0.1, 1, 1, None, None, None)
+    assert "pod-new" not in exposition(rec)
+
+
+# --- legacy and canonical names ------------------------------------------------------------------------------
+
+
+def test_legacy_names_sum_the_canonical_series(rec: PrometheusRecorder) -> None:
+    rec.request_scheduled("m", "t", 5, fairness_id="tenant-a")
+    rec.request_scheduled("m", "t", 5, fairness_id="tenant-b")
+    rec.request_completed("m", "t", 1.0, 10, 10, 5, 5, 0, fairness_id="tenant-a", priority=5)
+    rec.request_completed("m", "t", 3.0, 10, 10, 5, 5, 0, fairness_id="tenant-b", priority=5)
+    get = rec.registry.get_sample_value
+    assert get("inference_objective_request_total", {"model_name": "m", "target_model_name": "t", "priority": "5"}) == 2
+    for tenant in ("tenant-a", "tenant-b"):
+        labels = {"model_name": "m", "target_model_name": "t", "fairness_id": tenant, "priority": "5"}
+        assert get("llm_d_epp_request_total", labels) == 1
+        assert get("llm_d_epp_request_duration_seconds_count", labels) == 1
+    legacy = {"model_name": "m", "target_model_name": "t"}
+    assert get("inference_objective_request_duration_seconds_count", legacy) == 2
+    assert get("inference_objective_request_duration_seconds_sum", legacy) == 4.0
+    assert get("inference_objective_request_duration_seconds_bucket", {**legacy, "le": "1"}) == 1
+
+
+def test_canonical_renames(rec: PrometheusRecorder) -> None:
+    rec.scheduler_attempt(True, "t", "pod-a", "ns", "8000")
+    rec.set_pool_gauges("pool", 0.5, 1.0, 2.0, 3, {"pod-a": 4.0}, std_dev_queue=0.5)
+    rec.prefix_match(0.5, 64, plugin=TypedName("approx-prefix-cache-producer", "my-prefix"))
+    rec.prefix_index_size(7, plugin=TypedName("approx-prefix-cache-producer", "my-prefix"))
+    get = rec.registry.get_sample_value
+    endpoint = {"status": "success", "target_model_name": "t", "endpoint_name": "pod-a", "namespace": "ns"}
+    assert get("llm_d_epp_scheduler_attempts_total", {**endpoint, "port": "8000"}) == 1
+    assert get("llm_d_epp_ready_endpoints", {"name": "pool"}) == 3
+    assert get("inference_pool_ready_pods", {"name": "pool"}) == 3
+    assert get("llm_d_epp_per_endpoint_queue_size", {"name": "pool", "model_server_endpoint": "pod-a"}) == 4
+    assert get("llm_d_epp_std_dev_queue_size", {"name": "pool"}) == 0.5
+    assert "llm_d_epp_std_dev_kv_cache_utilization" not in exposition(rec)  # not given: no family
+    prefix = {"plugin_name": "my-prefix", "plugin_type": "approx-prefix-cache-producer"}
+    assert get("llm_d_epp_prefix_indexer_size", prefix) == 7
+    assert get("inference_extension_prefix_indexer_size") == 7
+    assert get("llm_d_epp_prefix_indexer_hit_ratio_count", prefix) == 1
+
+
+def test_families_without_a_feed_appear_once_recorded(rec: PrometheusRecorder) -> None:
+    lazy = (
+        "llm_d_inference_scheduler_datalayer_poll_errors_total",
+        "llm_d_epp_datalayer_poll_errors_total",
+        "llm_d_inference_scheduler_datalayer_extract_errors_total",
+        "llm_d_epp_datalayer_extract_errors_total",
+        "llm_d_inference_scheduler_disagg_decision_total",
+        "llm_d_epp_disagg_decision_total",
+        "llm_d_inference_scheduler_pd_decision_total",
+        "llm_d_epp_pd_decision_total",
+        "llm_d_epp_request_ttft_seconds",
+        "llm_d_epp_request_streaming_tpot_seconds",
+        "llm_d_epp_request_streaming_itl_seconds",
+        "llm_d_epp_request_processing_duration_seconds",
+        "llm_d_epp_response_processing_duration_seconds",
+    )
+    record_everything(rec)
+    before = exposition(rec)
+    assert not [n for n in lazy if f"# TYPE {n} " in before]
+    handler = TypedName("pd-profile-handler", "pd")
+    rec.datalayer_poll_error("metrics-data-source")
+    rec.datalayer_extract_error("metrics-data-source", "core-metrics-extractor")
+    rec.disagg_decision(handler, "m", "prefill-decode")
+    rec.disagg_decision(handler, "", "decode-only")
+    rec.pd_decision(handler, "m", "decode-only")
+    rec.request_ttft("m", "t", 0.2, streaming=True)
+    rec.request_streaming_tpot("m", "t", 0.01)
+    rec.request_inter_token_latency("m", "t", 0.02)
+    rec.request_processing_duration(0.001)
+    rec.response_processing_duration(0.001)
+    get = rec.registry.get_sample_value
+    assert get("llm_d_inference_scheduler_datalayer_poll_errors_total", {"source_type": "metrics-data-source"}) == 1
+    decision = {"model_name": "m", "decision_type": "prefill-decode"}
+    assert get("llm_d_inference_scheduler_disagg_decision_total", decision) == 1
+    assert (
+        get("llm_d_epp_disagg_decision_total", {**decision, "plugin_name": "pd", "plugin_type": "pd-profile-handler"})
+        == 1
+    )
+    assert (
+        get(
+            "llm_d_inference_scheduler_disagg_decision_total", {"model_name": "unknown", "decision_type": "decode-only"}
+        )
+        == 1
+    )
+    ttft = {"model_name": "m", "target_model_name": "t", "fairness_id": "", "priority": "", "streaming": "true"}
+    assert get("llm_d_epp_request_ttft_seconds_count", ttft) == 1
+    after = exposition(rec)
+    assert all(f"# TYPE {n} " in after for n in lazy)
