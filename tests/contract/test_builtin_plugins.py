@@ -82,7 +82,30 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         ],
     },
     "label-selector-filter": {"matchLabels": {"llm-d.ai/role": "decode"}},
+    "session-affinity-scorer": {"encodedEndpointHeaderConfig": {"header": "x-session-token"}},
+    "session-affinity-filter": {
+        "strategy": "session_id",
+        "sessionIdConfig": {
+            "sources": [{"header": "x-session-id"}, {"attribute": "agent-identity"}],
+            "evictionTtlSeconds": 300,
+            "evictionSweepSeconds": 10,
+        },
+    },
+    "session-id-producer": {"headerName": "x-session-id"},
+    "agent-identity": {"additionalSessionHeaders": ["x-my-agent-session", "x-another-agent-id"]},
+    "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "disaggregatedset.x-k8s.io/slice"},
+    "header-profile-handler": {"defaultProfile": "prefill"},
 }
+# Types whose reference factory refuses to build without parameters: their defaults must be rejected
+# (naming what is missing), and the other contract checks use the reference parameters.
+REQUIRED_PARAMS: dict[str, str] = {
+    "session-id-producer": "headerName or cookieName",
+    "header-label-affinity-scorer": "headerName",
+}
+
+
+def _params(plugin_type: str) -> dict[str, Any] | None:
+    return REFERENCE_PARAMS[plugin_type] if plugin_type in REQUIRED_PARAMS else None
 
 
 def _module(plugin_type: str) -> ModuleType:
@@ -99,6 +122,10 @@ def test_the_registry_is_not_empty() -> None:
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_default_params_are_valid(plugin_type: str) -> None:
+    if plugin_type in REQUIRED_PARAMS:
+        with pytest.raises(PluginParamsError, match=REQUIRED_PARAMS[plugin_type]):
+            REGISTRY.parse_params(plugin_type, None)
+        return
     params = REGISTRY.parse_params(plugin_type, None)
     assert isinstance(params, REGISTRY.entry(plugin_type).params_model)
 
@@ -106,7 +133,7 @@ def test_default_params_are_valid(plugin_type: str) -> None:
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_unknown_parameter_keys_are_rejected_by_name(plugin_type: str) -> None:
     with pytest.raises(PluginParamsError) as info:
-        REGISTRY.parse_params(plugin_type, {"noSuchParameter": 1})
+        REGISTRY.parse_params(plugin_type, {**(_params(plugin_type) or {}), "noSuchParameter": 1})
     assert info.value.problems == [("noSuchParameter", "unknown parameter")]
     assert "noSuchParameter" in str(info.value)
 
@@ -140,14 +167,14 @@ def test_names_are_mechanical(plugin_type: str) -> None:
     module = _module(plugin_type)
     snake = plugin_type.replace("-", "_")
     assert module.__name__.rsplit(".", 1)[1] == snake
-    plugin = REGISTRY.build(plugin_type, plugin_type, None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, plugin_type, _params(plugin_type), FakeHandle())
     assert type(plugin).__name__ == _camel(plugin_type)
     assert (TESTS_ROOT / "unit" / "plugins" / f"test_{snake}.py").is_file(), "each plugin has a test module"
 
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_built_plugin_implements_an_extension_point(plugin_type: str) -> None:
-    plugin = REGISTRY.build(plugin_type, "instance", None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, "instance", _params(plugin_type), FakeHandle())
     assert plugin.typed_name.type == plugin_type
     assert plugin.typed_name.name == "instance"
     implemented = [p.__name__ for p in EXTENSION_POINTS if isinstance(plugin, p)]
@@ -171,3 +198,19 @@ def test_the_registry_refuses_duplicate_registration() -> None:
 def test_builtin_registry_is_fresh_each_time() -> None:
     assert builtin_registry() is not REGISTRY
     assert builtin_registry().types() == TYPES
+
+
+def test_known_but_unsupported_reference_types_say_so() -> None:
+    from llm_epp.framework.registry import UnknownPluginTypeError, UnsupportedPluginTypeError
+    from llm_epp.plugins import UNSUPPORTED
+
+    assert not set(UNSUPPORTED) & set(TYPES), "a registered type must not be listed as unsupported"
+    for plugin_type in ("decode-filter", "multicluster-queue-scorer", "fcfs-ordering-policy", "dcgm-extractor"):
+        with pytest.raises(UnsupportedPluginTypeError) as info:
+            REGISTRY.entry(plugin_type)
+        assert "not supported yet by llm-epp" in str(info.value)
+        assert UNSUPPORTED[plugin_type] in str(info.value)
+    with pytest.raises(UnknownPluginTypeError) as unknown:
+        REGISTRY.entry("no-such-scorer")
+    assert not isinstance(unknown.value, UnsupportedPluginTypeError)
+    assert "unknown plugin type" in str(unknown.value)
