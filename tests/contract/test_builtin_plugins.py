@@ -95,12 +95,22 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "agent-identity": {"additionalSessionHeaders": ["x-my-agent-session", "x-another-agent-id"]},
     "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "disaggregatedset.x-k8s.io/slice"},
     "header-profile-handler": {"defaultProfile": "prefill"},
+    "request-attribute-reporter": {
+        "attributes": [
+            {
+                "key": {"namespace": "envoy.lb", "name": "x-gateway-inference-request-cost"},
+                "expression": "usage.prompt_tokens + usage.completion_tokens",
+                "condition": "has(usage.prompt_tokens) && has(usage.completion_tokens)",
+            }
+        ]
+    },
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
 REQUIRED_PARAMS: dict[str, str] = {
     "session-id-producer": "headerName or cookieName",
     "header-label-affinity-scorer": "headerName",
+    "request-attribute-reporter": "exactly one entry",
 }
 
 

@@ -9,6 +9,7 @@ from llm_epp.plugins.requestcontrol import (
     approx_prefix_cache_producer,
     destination_endpoint_served_verifier,
     inflight_load_producer,
+    request_attribute_reporter,
     session_id_producer,
 )
 from llm_epp.plugins.scheduling import (
@@ -72,6 +73,7 @@ _MODULES = (
     header_label_affinity_scorer,
     header_profile_handler,
     destination_endpoint_served_verifier,
+    request_attribute_reporter,
 )
 
 _PD = "prefill/decode disaggregation"
@@ -81,7 +83,6 @@ _LATENCY = "latency prediction"
 _DATA = "data-layer sources that need a runtime able to drive several sources"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as plugins; llm-epp parses OpenAI-style bodies itself"
-_OTHER = "needs extension points llm-epp does not offer yet"
 
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
@@ -185,7 +186,7 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _PARSER,
     ),
-    **dict.fromkeys(("p2p-source-producer", "request-attribute-reporter"), _OTHER),
+    "p2p-source-producer": "P2P KV-cache transfer through the routing sidecar",
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
 the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
