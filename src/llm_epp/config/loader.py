@@ -205,6 +205,10 @@ def _add_prefix_producer(
         return
     scorer_params = [params[name] for name, t in types.items() if t == PREFIX_SCORER]
     producer_params = scorer_params[-1] if scorer_params else {}
+    # the scorer also has parameters of its own (matchLengthWeight, ...): pass on only the producer's
+    fields = registry.entry(PREFIX_PRODUCER).params_model.model_fields
+    accepted = {f.alias or n for n, f in fields.items()} | set(fields)
+    producer_params = {k: v for k, v in producer_params.items() if k in accepted}
     for_whom = PREFIX_SCORER if scorer_params else consumers[0]
     name = _unused_name(PREFIX_PRODUCER, seen_names)
     try:
