@@ -214,7 +214,8 @@ def test_known_but_unsupported_reference_types_say_so() -> None:
     from llm_epp.framework.registry import UnknownPluginTypeError, UnsupportedPluginTypeError
     from llm_epp.plugins import UNSUPPORTED
 
-    assert not set(UNSUPPORTED) & set(TYPES), "a registered type must not be listed as unsupported"
+    for plugin_type in set(UNSUPPORTED) & set(TYPES):  # a registered type wins over the table
+        assert REGISTRY.entry(plugin_type).plugin_type == plugin_type
     for plugin_type in ("decode-filter", "multicluster-queue-scorer", "fcfs-ordering-policy", "dcgm-extractor"):
         with pytest.raises(UnsupportedPluginTypeError) as info:
             REGISTRY.entry(plugin_type)
@@ -224,3 +225,13 @@ def test_known_but_unsupported_reference_types_say_so() -> None:
         REGISTRY.entry("no-such-scorer")
     assert not isinstance(unknown.value, UnsupportedPluginTypeError)
     assert "unknown plugin type" in str(unknown.value)
+
+
+def test_docs_plugins_md_lists_every_type() -> None:
+    from llm_epp.plugins import UNSUPPORTED
+
+    text = (TESTS_ROOT.parent / "docs" / "plugins.md").read_text()
+    missing = [t for t in [*TYPES, *UNSUPPORTED] if f"`{t}`" not in text]
+    assert not missing, f"docs/plugins.md does not list {missing}"
+    for reason in set(UNSUPPORTED.values()):
+        assert reason in text, f"docs/plugins.md does not name the feature {reason!r}"

@@ -80,9 +80,9 @@ _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
 _LATENCY = "latency prediction"
-_DATA = "data-layer sources that need a runtime able to drive several sources"
+_DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
-_PARSER = "request parsers as plugins; llm-epp parses OpenAI-style bodies itself"
+_PARSER = "request parsers as configurable plugins"
 
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
@@ -186,7 +186,7 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _PARSER,
     ),
-    "p2p-source-producer": "P2P KV-cache transfer through the routing sidecar",
+    "p2p-source-producer": "P2P KV-cache transfer",
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
 the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
