@@ -235,3 +235,19 @@ def test_docs_plugins_md_lists_every_type() -> None:
     assert not missing, f"docs/plugins.md does not list {missing}"
     for reason in set(UNSUPPORTED.values()):
         assert reason in text, f"docs/plugins.md does not name the feature {reason!r}"
+
+
+def test_a_config_naming_an_unsupported_reference_type_is_refused_saying_so() -> None:
+    from llm_epp.config import ConfigError, load_config_text
+    from llm_epp.framework import NullRecorder
+
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: multicluster-queue-scorer\n- type: queue-scorer\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, builtin_registry(), NullRecorder())
+    assert info.value.problems == [
+        "plugins[0].type: plugin type 'multicluster-queue-scorer' is not supported yet by llm-epp "
+        "(multi-cluster routing)"
+    ]
