@@ -9,7 +9,8 @@ Scheduling intent:
 Inputs consumed:
     The response usage (ResponseInfo.usage), exposed to CEL as the map `usage` with the keys
     `prompt_tokens`, `completion_tokens`, `total_tokens` (always present; 0 when the response carried no
-    usage) and `prompt_tokens_details.cached_tokens` (present when the server reported cached tokens).
+    usage) and `prompt_tokens_details.cached_tokens` (present when the server reported cached tokens; also
+    under GIE v1.5.0's spelling `prompt_token_details`).
     As in the reference (a protobuf Struct), every number is a CEL `double`: write `usage.a + 1.0` or
     `int(usage.a) + 1`; `usage.a + 1` is a type error, which reports nothing.
 
@@ -58,7 +59,9 @@ def usage_variable(usage: Usage | None) -> dict[str, Any]:
         "total_tokens": float(u.total_tokens),
     }
     if u.cached_tokens:
-        out["prompt_tokens_details"] = {"cached_tokens": float(u.cached_tokens)}
+        details = {"cached_tokens": float(u.cached_tokens)}
+        out["prompt_tokens_details"] = details  # llm-d-router's key
+        out["prompt_token_details"] = details  # GIE v1.5.0's key
     return out
 
 
