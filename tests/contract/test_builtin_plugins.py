@@ -95,6 +95,11 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "agent-identity": {"additionalSessionHeaders": ["x-my-agent-session", "x-another-agent-id"]},
     "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "disaggregatedset.x-k8s.io/slice"},
     "header-profile-handler": {"defaultProfile": "prefill"},
+    "p2p-source-producer": {
+        "prefixMatchInfoProducerName": "approx-prefix-cache-producer",
+        "prefillProfileName": "prefill",
+        "minCachedTokenDelta": 1,
+    },
     "request-attribute-reporter": {
         "attributes": [
             {

@@ -182,7 +182,9 @@ def _schema_problems(err: ValidationError) -> list[str]:
 
 
 PREFIX_SCORER = "prefix-cache-scorer"
-PREFIX_CONSUMERS = frozenset({PREFIX_SCORER, "prefix-cache-affinity-filter", "no-hit-lru-scorer"})
+PREFIX_CONSUMERS = frozenset(
+    {PREFIX_SCORER, "prefix-cache-affinity-filter", "no-hit-lru-scorer", "p2p-source-producer"}
+)
 PREFIX_PRODUCER = "approx-prefix-cache-producer"
 
 

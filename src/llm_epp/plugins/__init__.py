@@ -9,6 +9,7 @@ from llm_epp.plugins.requestcontrol import (
     approx_prefix_cache_producer,
     destination_endpoint_served_verifier,
     inflight_load_producer,
+    p2p_source_producer,
     request_attribute_reporter,
     session_id_producer,
 )
@@ -74,6 +75,7 @@ _MODULES = (
     header_profile_handler,
     destination_endpoint_served_verifier,
     request_attribute_reporter,
+    p2p_source_producer,
 )
 
 _PD = "prefill/decode disaggregation"
@@ -186,7 +188,6 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _PARSER,
     ),
-    "p2p-source-producer": "P2P KV-cache transfer",
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
 the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
