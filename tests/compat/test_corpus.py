@@ -84,7 +84,7 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "guide-agentic-serving.yaml": (
         f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",
-        frozenset({FLOW_CONTROL, "agent-identity", "program-aware-fairness"}),
+        frozenset({FLOW_CONTROL, "program-aware-fairness"}),
     ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
@@ -111,8 +111,13 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
 }
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""
 
-_UNKNOWN = re.compile(r"^plugins\[\d+\]\.type: unknown plugin type '([^']+)'")
+_UNKNOWN = re.compile(
+    r"^plugins\[\d+\]\.type: (?:unknown plugin type '([^']+)'|plugin type '([^']+)' is not supported yet by llm-epp)"
+)
 FILES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+_UNSUPPORTED_REF = re.compile(r"ProducerName '([^']+)' is not supported yet")
 
 
 def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
@@ -122,7 +127,9 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
     for p in problems:
         m = _UNKNOWN.match(p)
         if m:
-            missing.add(m.group(1))
+            missing.add(m.group(1) or m.group(2))
+        elif m := _UNSUPPORTED_REF.search(p):
+            missing.add(m.group(1))  # a parameter naming a producer that does not exist yet
         elif FLOW_CONTROL_UNSUPPORTED in p:
             missing.add(FLOW_CONTROL)
         else:

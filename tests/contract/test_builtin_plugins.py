@@ -84,7 +84,45 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         ],
     },
     "label-selector-filter": {"matchLabels": {"llm-d.ai/role": "decode"}},
+    "session-affinity-scorer": {"encodedEndpointHeaderConfig": {"header": "x-session-token"}},
+    "session-affinity-filter": {
+        "strategy": "session_id",
+        "sessionIdConfig": {
+            "sources": [{"header": "x-session-id"}, {"attribute": "agent-identity"}],
+            "evictionTtlSeconds": 300,
+            "evictionSweepSeconds": 10,
+        },
+    },
+    "session-id-producer": {"headerName": "x-session-id"},
+    "agent-identity": {"additionalSessionHeaders": ["x-my-agent-session", "x-another-agent-id"]},
+    "header-label-affinity-scorer": {"headerName": "x-disagg-slice", "labelKey": "disaggregatedset.x-k8s.io/slice"},
+    "header-profile-handler": {"defaultProfile": "prefill"},
+    "p2p-source-producer": {
+        "prefixMatchInfoProducerName": "approx-prefix-cache-producer",
+        "prefillProfileName": "prefill",
+        "minCachedTokenDelta": 1,
+    },
+    "request-attribute-reporter": {
+        "attributes": [
+            {
+                "key": {"namespace": "envoy.lb", "name": "x-gateway-inference-request-cost"},
+                "expression": "usage.prompt_tokens + usage.completion_tokens",
+                "condition": "has(usage.prompt_tokens) && has(usage.completion_tokens)",
+            }
+        ]
+    },
 }
+# Types whose reference factory refuses to build without parameters: their defaults must be rejected
+# (naming what is missing), and the other contract checks use the reference parameters.
+REQUIRED_PARAMS: dict[str, str] = {
+    "session-id-producer": "headerName or cookieName",
+    "header-label-affinity-scorer": "headerName",
+    "request-attribute-reporter": "exactly one entry",
+}
+
+
+def _params(plugin_type: str) -> dict[str, Any] | None:
+    return REFERENCE_PARAMS[plugin_type] if plugin_type in REQUIRED_PARAMS else None
 
 
 def _module(plugin_type: str) -> ModuleType:
@@ -101,6 +139,10 @@ def test_the_registry_is_not_empty() -> None:
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_default_params_are_valid(plugin_type: str) -> None:
+    if plugin_type in REQUIRED_PARAMS:
+        with pytest.raises(PluginParamsError, match=REQUIRED_PARAMS[plugin_type]):
+            REGISTRY.parse_params(plugin_type, None)
+        return
     params = REGISTRY.parse_params(plugin_type, None)
     assert isinstance(params, REGISTRY.entry(plugin_type).params_model)
 
@@ -108,7 +150,7 @@ def test_default_params_are_valid(plugin_type: str) -> None:
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_unknown_parameter_keys_are_rejected_by_name(plugin_type: str) -> None:
     with pytest.raises(PluginParamsError) as info:
-        REGISTRY.parse_params(plugin_type, {"noSuchParameter": 1})
+        REGISTRY.parse_params(plugin_type, {**(_params(plugin_type) or {}), "noSuchParameter": 1})
     assert info.value.problems == [("noSuchParameter", "unknown parameter")]
     assert "noSuchParameter" in str(info.value)
 
@@ -142,14 +184,14 @@ def test_names_are_mechanical(plugin_type: str) -> None:
     module = _module(plugin_type)
     snake = plugin_type.replace("-", "_")
     assert module.__name__.rsplit(".", 1)[1] == snake
-    plugin = REGISTRY.build(plugin_type, plugin_type, None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, plugin_type, _params(plugin_type), FakeHandle())
     assert type(plugin).__name__ == _camel(plugin_type)
     assert (TESTS_ROOT / "unit" / "plugins" / f"test_{snake}.py").is_file(), "each plugin has a test module"
 
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_built_plugin_implements_an_extension_point(plugin_type: str) -> None:
-    plugin = REGISTRY.build(plugin_type, "instance", None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, "instance", _params(plugin_type), FakeHandle())
     assert plugin.typed_name.type == plugin_type
     assert plugin.typed_name.name == "instance"
     implemented = [p.__name__ for p in EXTENSION_POINTS if isinstance(plugin, p)]
@@ -173,3 +215,46 @@ def test_the_registry_refuses_duplicate_registration() -> None:
 def test_builtin_registry_is_fresh_each_time() -> None:
     assert builtin_registry() is not REGISTRY
     assert builtin_registry().types() == TYPES
+
+
+def test_known_but_unsupported_reference_types_say_so() -> None:
+    from llm_epp.framework.registry import UnknownPluginTypeError, UnsupportedPluginTypeError
+    from llm_epp.plugins import UNSUPPORTED
+
+    for plugin_type in set(UNSUPPORTED) & set(TYPES):  # a registered type wins over the table
+        assert REGISTRY.entry(plugin_type).plugin_type == plugin_type
+    for plugin_type in ("decode-filter", "multicluster-queue-scorer", "fcfs-ordering-policy", "dcgm-extractor"):
+        with pytest.raises(UnsupportedPluginTypeError) as info:
+            REGISTRY.entry(plugin_type)
+        assert "not supported yet by llm-epp" in str(info.value)
+        assert UNSUPPORTED[plugin_type] in str(info.value)
+    with pytest.raises(UnknownPluginTypeError) as unknown:
+        REGISTRY.entry("no-such-scorer")
+    assert not isinstance(unknown.value, UnsupportedPluginTypeError)
+    assert "unknown plugin type" in str(unknown.value)
+
+
+def test_docs_plugins_md_lists_every_type() -> None:
+    from llm_epp.plugins import UNSUPPORTED
+
+    text = (TESTS_ROOT.parent / "docs" / "plugins.md").read_text()
+    missing = [t for t in [*TYPES, *UNSUPPORTED] if f"`{t}`" not in text]
+    assert not missing, f"docs/plugins.md does not list {missing}"
+    for reason in set(UNSUPPORTED.values()):
+        assert reason in text, f"docs/plugins.md does not name the feature {reason!r}"
+
+
+def test_a_config_naming_an_unsupported_reference_type_is_refused_saying_so() -> None:
+    from llm_epp.config import ConfigError, load_config_text
+    from llm_epp.framework import NullRecorder
+
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: multicluster-queue-scorer\n- type: queue-scorer\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, builtin_registry(), NullRecorder())
+    assert info.value.problems == [
+        "plugins[0].type: plugin type 'multicluster-queue-scorer' is not supported yet by llm-epp "
+        "(multi-cluster routing)"
+    ]

@@ -50,7 +50,7 @@ def add_missing_producers(
     params: dict[str, dict[str, Any]],
     default_producers: Mapping[str, str],
     params_extend: Callable[[str, str], bool],
-    build: Callable[[str, Mapping[str, Any] | None], tuple[str, Plugin] | str],
+    build: Callable[[str, Mapping[str, Any] | None], tuple[str, Plugin, dict[str, Any]] | str],
 ) -> list[str]:
     """Adds default producers for consumed keys nothing produces (into `plugins`, `types`, `params`);
     returns the problems. `params_extend(consumer_type, producer_type)`: the consumer's Params model
@@ -91,10 +91,10 @@ def add_missing_producers(
                 problems.append(f"plugins: the {producer_type} created for {who} failed: {built}")
                 given_up.add(key)
                 continue
-            name, plugin = built
+            name, plugin, used = built
             plugins[name] = plugin
             types[name] = producer_type
-            params[name] = dict(raw or {})
+            params[name] = used
             if key not in produces(plugin):
                 problems.append(f"plugins: {producer_type!r}, the default producer of {key!r}, does not produce it")
                 given_up.add(key)

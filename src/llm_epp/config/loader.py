@@ -323,10 +323,13 @@ def _build(
         types[name] = ps.type
         params[name] = dict(ps.parameters or {})
 
-    def build_default(plugin_type: str, raw: Mapping[str, Any] | None) -> tuple[str, Plugin] | str:
+    def build_default(plugin_type: str, raw: Mapping[str, Any] | None) -> tuple[str, Plugin, dict[str, Any]] | str:
         name = _unused_name(plugin_type, seen_names)
         try:  # keys the producer lacks come from the consumer, whose own unknown keys are reported above
-            return name, registry.build(plugin_type, name, raw, handle, unknown=[])
+            fields = registry.entry(plugin_type).params_model.model_fields
+            accepted = {f.alias or n for n, f in fields.items()} | set(fields)
+            used = {k: v for k, v in (raw or {}).items() if k in accepted}
+            return name, registry.build(plugin_type, name, used or None, handle), used
         except UnknownPluginTypeError:
             return f"plugin type {plugin_type!r} is not implemented yet; configure another producer of the data"
         except (PluginParamsError, ValueError) as e:

@@ -34,7 +34,17 @@ INPUT_CONTROL = (
     "x-llm-d-video-resolution",
 )
 # Headers only the gateway or the EPP may set: a client's copy is dropped.
-OUTPUT_INJECTION = (DESTINATION, DESTINATION_SERVED, DROPPED_REASON)
+OUTPUT_INJECTION = (
+    DESTINATION,
+    DESTINATION_SERVED,
+    DROPPED_REASON,
+    # routing hints for the model-server side (P/D sidecar, data parallel, KV peer transfer): a client's copy
+    # could point a sidecar at any host
+    "x-prefiller-host-port",
+    "x-encoder-hosts-ports",
+    "x-data-parallel-host-port",
+    "x-kv-cache-source-host-port",
+)
 # Every header removed from a request the EPP routes when the client sent it.
 CLIENT_FORBIDDEN = INPUT_CONTROL + OUTPUT_INJECTION
 

@@ -45,6 +45,17 @@ class UnknownPluginTypeError(KeyError):
         return f"unknown plugin type {self.plugin_type!r}; known types: {', '.join(self.known)}"
 
 
+class UnsupportedPluginTypeError(UnknownPluginTypeError):
+    """A plugin type the reference EPP has and llm-epp does not support yet; `reason` says what it is."""
+
+    def __init__(self, plugin_type: str, reason: str, known: Iterable[str]) -> None:
+        super().__init__(plugin_type, known)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"plugin type {self.plugin_type!r} is not supported yet by llm-epp ({self.reason})"
+
+
 def _describe(err: ValidationError) -> list[tuple[str, str]]:
     out = []
     for e in err.errors():
@@ -127,6 +138,7 @@ class Registry:
 
     def __init__(self, entry_point_group: str | None = ENTRY_POINT_GROUP) -> None:
         self._entries: dict[str, RegistryEntry[Any]] = {}
+        self._unsupported: dict[str, str] = {}
         self._group = entry_point_group
         self._default_producers: dict[str, str] = {}
 
@@ -175,6 +187,14 @@ class Registry:
     def default_producers(self) -> dict[str, str]:
         return dict(self._default_producers)
 
+    def mark_unsupported(self, plugin_type: str, reason: str) -> None:
+        """Names a reference plugin type that is not available, so asking for it says so (with `reason`)
+        instead of calling it unknown. A registered type (in-tree or from an entry point) wins."""
+        self._unsupported[plugin_type] = reason
+
+    def unsupported_types(self) -> dict[str, str]:
+        return dict(self._unsupported)
+
     def __contains__(self, plugin_type: object) -> bool:
         return plugin_type in self._entries
 
@@ -192,7 +212,11 @@ class Registry:
         if found is None and self._load_entry_point(plugin_type):
             found = self._entries.get(plugin_type)
         if found is None:
-            raise UnknownPluginTypeError(plugin_type, [*self._entries, *self.external_types()])
+            known = [*self._entries, *self.external_types()]
+            reason = self._unsupported.get(plugin_type)
+            if reason is not None:
+                raise UnsupportedPluginTypeError(plugin_type, reason, known)
+            raise UnknownPluginTypeError(plugin_type, known)
         return found
 
     def parse_params(

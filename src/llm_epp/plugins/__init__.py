@@ -5,13 +5,23 @@ from __future__ import annotations
 from llm_epp.framework import Registry
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
-from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
+from llm_epp.plugins.requestcontrol import (
+    agent_identity,
+    approx_prefix_cache_producer,
+    destination_endpoint_served_verifier,
+    inflight_load_producer,
+    p2p_source_producer,
+    request_attribute_reporter,
+    session_id_producer,
+)
 from llm_epp.plugins.scheduling import (
     active_request_scorer,
     by_label,
     by_label_selector,
     concurrency_detector,
     header_based_testing_filter,
+    header_label_affinity_scorer,
+    header_profile_handler,
     kv_cache_utilization_scorer,
     label_selector_filter,
     load_aware_scorer,
@@ -24,6 +34,7 @@ from llm_epp.plugins.scheduling import (
     queue_scorer,
     random_picker,
     running_requests_size_scorer,
+    session_affinity_filter,
     session_affinity_scorer,
     single_profile_handler,
     token_load_scorer,
@@ -60,11 +71,136 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
+    session_affinity_filter,
+    session_id_producer,
+    agent_identity,
+    header_label_affinity_scorer,
+    header_profile_handler,
+    destination_endpoint_served_verifier,
+    request_attribute_reporter,
+    p2p_source_producer,
 )
+
+_PD = "prefill/decode disaggregation"
+_PRECISE = "precise prefix-cache routing and tokenization"
+_FLOW = "flow control"
+_LATENCY = "latency prediction"
+_DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
+_MULTI = "multi-cluster routing"
+_PARSER = "request parsers as configurable plugins"
+
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "decode-filter",
+            "prefill-filter",
+            "encode-filter",
+            "disagg-profile-handler",
+            "pd-profile-handler",
+            "data-parallel-profile-handler",
+            "prefix-based-pd-decider",
+            "always-disagg-pd-decider",
+            "always-disagg-multimodal-decider",
+            "context-length-aware",
+            "prefill-header-handler",
+            "disagg-headers-handler",
+            "disaggregatedset-rollout-screener",
+            "disaggregatedset-rollout-pod-extractor",
+        ),
+        _PD,
+    ),
+    **dict.fromkeys(
+        (
+            "precise-prefix-cache-producer",
+            "precise-prefix-cache-scorer",
+            "token-producer",
+            "tokenizer",
+            "burst-prefix-cache-producer",
+            "mm-embeddings-cache-producer",
+            "mm-embeddings-cache-scorer",
+        ),
+        _PRECISE,
+    ),
+    **dict.fromkeys(
+        (
+            "fcfs-ordering-policy",
+            "edf-ordering-policy",
+            "slo-deadline-ordering-policy",
+            "global-strict-fairness-policy",
+            "round-robin-fairness-policy",
+            "program-aware-fairness",
+            "priority-holdback-policy",
+            "priority-then-time-eviction-order-policy",
+            "soft-reflective-ceiling-policy",
+            "static-usage-limit-policy",
+            "probabilistic-admitter",
+            "sheddable-eviction-filter",
+            "utilization-filter",
+        ),
+        _FLOW,
+    ),
+    **dict.fromkeys(
+        (
+            "predicted-latency-producer",
+            "latency-scorer",
+            "predicted-latency-scorer",
+            "latency-slo-admitter",
+            "slo-headroom-tier-filter",
+        ),
+        _LATENCY,
+    ),
+    **dict.fromkeys(
+        (
+            "endpoint-notification-source",
+            "k8s-notification-source",
+            "file-discovery",
+            "models-data-source",
+            "models-data-extractor",
+            "dcgm-data-source",
+            "dcgm-extractor",
+            "topology-extractor",
+            "topology-affinity-filter",
+            "topology-affinity-scorer",
+            "endpoint-attribute-filter",
+            "endpoint-attribute-scorer",
+        ),
+        _DATA,
+    ),
+    **dict.fromkeys(
+        (
+            "multicluster-approx-prefix-cache-producer",
+            "multicluster-file-discovery",
+            "multicluster-kv-cache-utilization-scorer",
+            "multicluster-metrics-data-source",
+            "multicluster-metrics-extractor",
+            "multicluster-prefix-cache-scorer",
+            "multicluster-queue-scorer",
+            "multicluster-session-affinity-filter",
+        ),
+        _MULTI,
+    ),
+    **dict.fromkeys(
+        (
+            "openai-parser",
+            "passthrough-parser",
+            "vllmgrpc-parser",
+            "vllmhttp-parser",
+            "sglanghttp-parser",
+            "anthropic-parser",
+            "vertexai-parser",
+        ),
+        _PARSER,
+    ),
+}
+"""Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
+the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
+feature, rather than "unknown plugin type". A type registered above (or by an installed package) wins."""
 
 
 def builtin_registry() -> Registry:
     registry = Registry()
     for module in _MODULES:
         registry.register(module.TYPE, module.Params, module.factory)
+    for plugin_type, reason in UNSUPPORTED.items():
+        registry.mark_unsupported(plugin_type, reason)
     return registry

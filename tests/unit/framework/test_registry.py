@@ -57,6 +57,23 @@ def test_unknown_type_lists_the_known_types() -> None:
     assert str(info.value) == "unknown plugin type 'no-such'; known types: a-filter, b-scorer"
 
 
+def test_a_type_marked_unsupported_says_so_and_a_registered_type_wins() -> None:
+    from llm_epp.framework.registry import UnsupportedPluginTypeError
+
+    registry = _registry("a-filter")
+    registry.mark_unsupported("decode-filter", "prefill/decode disaggregation")
+    registry.mark_unsupported("a-filter", "stale entry")
+    with pytest.raises(UnsupportedPluginTypeError) as info:
+        registry.build("decode-filter", "d", None, FakeHandle())
+    assert isinstance(info.value, UnknownPluginTypeError)  # callers that catch unknown types still do
+    assert str(info.value) == (
+        "plugin type 'decode-filter' is not supported yet by llm-epp (prefill/decode disaggregation)"
+    )
+    assert "decode-filter" not in registry
+    assert registry.entry("a-filter").plugin_type == "a-filter"
+    assert registry.unsupported_types() == {"decode-filter": "prefill/decode disaggregation", "a-filter": "stale entry"}
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

@@ -138,3 +138,17 @@ def test_identity_and_extension_points() -> None:
     assert detector.typed_name == TypedName("concurrency-detector", "conc")
     assert isinstance(detector, Filter)
     assert isinstance(detector, SaturationDetector)
+
+
+def test_in_flight_load_producer_name_reads_the_core_in_flight_account() -> None:
+    """Every producer name refers to the one in-flight account the core keeps: same plugin, same answers."""
+    from llm_epp.plugins import builtin_registry
+    from tests.unit.builders import FakeHandle as _Handle
+
+    registry = builtin_registry()
+    named = registry.build("concurrency-detector", "x", {"inFlightLoadProducerName": "my-load"}, _Handle())
+    plain = registry.build("concurrency-detector", "x", None, _Handle())
+    assert type(named) is type(plain)
+    assert {k: v for k, v in vars(named).items() if k != "_typed_name"} == {
+        k: v for k, v in vars(plain).items() if k != "_typed_name"
+    }

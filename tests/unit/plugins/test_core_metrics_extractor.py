@@ -331,3 +331,23 @@ def test_extract_does_not_touch_the_current_metrics() -> None:
     metrics, _ = extract(build(), b"vllm:num_requests_waiting 4\n", ep(), current)
     assert current.waiting_queue_size == 1
     assert metrics is not None and metrics is not current and not math.isnan(metrics.kv_cache_usage)
+
+
+def test_custom_metrics_are_validated_then_refused_as_not_supported_yet() -> None:
+    from llm_epp.framework.registry import PluginParamsError as _Err
+    from llm_epp.plugins import builtin_registry as _reg
+
+    engine = {"name": "my-engine", "queuedRequestsSpec": "q"}
+    good = {
+        **engine,
+        "customMetrics": [{"attributeKey": "custom.queue_depth", "metricSpec": "custom_queue_depth{tier=gold}"}],
+    }
+    with pytest.raises(_Err, match="customMetrics: not supported yet"):
+        _reg().parse_params("core-metrics-extractor", {"engineConfigs": [good]})
+    bad = {**engine, "customMetrics": [{"attributeKey": "k", "metricSpec": "x{a=~b}"}]}
+    with pytest.raises(_Err, match=r"customMetrics\[0\].metricSpec: .*only equality matchers"):
+        _reg().parse_params("core-metrics-extractor", {"engineConfigs": [bad]})
+    with pytest.raises(_Err, match="attributeKey"):
+        _reg().parse_params(
+            "core-metrics-extractor", {"engineConfigs": [{**engine, "customMetrics": [{"metricSpec": "x"}]}]}
+        )

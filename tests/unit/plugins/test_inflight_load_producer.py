@@ -7,7 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from llm_epp.framework import Filter, Picker, ProfileHandler, Scorer, TypedName
+from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
+from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.requestcontrol import inflight_load_producer as mod
 from llm_epp.plugins.requestcontrol.inflight_load_producer import InflightLoadProducer, Params
 from tests.unit.builders import FakeHandle
@@ -37,3 +39,36 @@ def test_naming_follows_the_plugin_conventions() -> None:
     assert type(mod.factory("x", Params(), FakeHandle())).__name__ == "InflightLoadProducer"
     for heading in ("Scheduling intent:", "Inputs consumed:", "Configuration:"):
         assert heading in (mod.__doc__ or "")
+
+
+# --- the reference's parameters: accepted where they describe the core's accounting -------------------------
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"addEstimatedOutputTokens": True},
+        {"addEstimatedOutputTokens": True, "outputRatio": 1.5},
+        {"syncCrossReplicaState": False},
+        {"prefixMatchInfoProducerName": ""},
+    ],
+    ids=["add-output", "core-ratio", "local-state", "no-discount"],
+)
+def test_parameters_matching_the_core_are_accepted(raw: dict[str, object]) -> None:
+    plugin = builtin_registry().build("inflight-load-producer", "load", raw, FakeHandle())
+    assert plugin.typed_name.name == "load"
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"addEstimatedOutputTokens": False}, "addEstimatedOutputTokens: false is not supported yet"),
+        ({"outputRatio": 2.0}, "outputRatio 2.0 is not supported yet"),
+        ({"outputRatio": -1}, "greater than or equal to 0"),
+        ({"maxEstimatedOutputTokens": 512}, "maxEstimatedOutputTokens is not supported yet"),
+        ({"prefixMatchInfoProducerName": "approx-prefix-cache-producer"}, "not discounted by cached prefixes"),
+        ({"syncCrossReplicaState": True}, "syncCrossReplicaState: true is not supported yet"),
+    ],
+    ids=["input-only", "other-ratio", "negative-ratio", "cap", "discount", "cross-replica"],
+)
+def test_parameters_the_core_cannot_honour_are_refused(raw: dict[str, object], problem: str) -> None:
+    with pytest.raises(PluginParamsError, match=problem):
+        builtin_registry().parse_params("inflight-load-producer", raw)

@@ -7,6 +7,7 @@ import pytest
 from llm_epp.framework import EndpointKey, EndpointMetadata, TypedName
 from llm_epp.framework.datalayer import DataSource
 from llm_epp.framework.registry import PluginParamsError, Registry
+from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.datalayer import metrics_data_source as mod
 from llm_epp.plugins.datalayer.metrics_data_source import MetricsDataSource
 from tests.unit.builders import FakeHandle
@@ -67,3 +68,28 @@ def test_insecure_skip_verify_can_be_turned_off() -> None:
 def test_invalid_params(params: dict[str, object]) -> None:
     with pytest.raises(PluginParamsError):
         build(params)
+
+
+def test_port_overrides_the_endpoint_port() -> None:
+    source = builtin_registry().build("metrics-data-source", "m", {"port": 9400, "path": "/stats"}, FakeHandle())
+    assert isinstance(source, MetricsDataSource)
+    md = EndpointMetadata(EndpointKey("ns", "p"), "10.1.2.3", 8000, metrics_port=8001)
+    assert source.url(md) == "http://10.1.2.3:9400/stats"
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"port": 0}, "greater than or equal to 1"),
+        ({"port": 70000}, "less than or equal to 65535"),
+        ({"interval": "soon"}, "invalid duration"),
+        ({"interval": "1s"}, "interval not supported yet"),
+        ({"caCertPath": "/etc/epp/tls/ca.crt"}, "caCertPath not supported yet"),
+        ({"clientCertPath": "/c.crt"}, "must be set together"),
+        ({"clientCertPath": "/c.crt", "clientKeyPath": "/c.key"}, "clientCertPath, clientKeyPath not supported yet"),
+    ],
+    ids=["port-zero", "port-too-big", "bad-interval", "interval", "ca", "cert-without-key", "mtls"],
+)
+def test_refused_parameters(raw: dict[str, object], problem: str) -> None:
+    with pytest.raises(PluginParamsError, match=problem):
+        builtin_registry().parse_params("metrics-data-source", raw)

@@ -169,3 +169,14 @@ def test_identity_category_and_hooks() -> None:
     assert scorer.typed_name == TypedName("no-hit-lru-scorer", "x")
     assert scorer.category is ScorerCategory.DISTRIBUTION
     assert isinstance(scorer, PreRequest)
+
+
+def test_prefix_match_info_producer_name_may_name_only_the_approx_producer() -> None:
+    from llm_epp.framework.registry import PluginParamsError
+    from llm_epp.plugins import builtin_registry
+
+    registry = builtin_registry()
+    params = registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"})
+    assert params.prefix_match_info_producer_name == "approx-prefix-cache-producer"
+    with pytest.raises(PluginParamsError, match="not supported yet"):
+        registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"})

@@ -109,3 +109,58 @@ def test_identity() -> None:
     f = mod.factory("aff", Params(), FakeHandle())
     assert f.typed_name == TypedName("prefix-cache-affinity-filter", "aff")
     assert isinstance(f, Filter)
+
+
+# --- the TTFT load gate (ttftSource prefillThroughput) ------------------------------------------------------
+def loaded(tokens: dict[str, int]) -> list[Endpoint]:
+    out = eps(*tokens)
+    for e in out:
+        e.load.tokens = tokens[e.key.name]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("tokens", "penalty_ms", "expected"),
+    [
+        ({"a": 0, "b": 0, "c": 0}, 5000, ["a", "b"]),
+        # sticky best 100k tokens, other best 0: 100000 / 10000 * 1000 = 10000 ms > 5000: break stickiness
+        ({"a": 100_000, "b": 120_000, "c": 0}, 5000, ["a", "b", "c"]),
+        # 40000 tokens = 4000 ms <= 5000: stay sticky
+        ({"a": 40_000, "b": 120_000, "c": 0}, 5000, ["a", "b"]),
+        ({"a": 100_000, "b": 120_000, "c": 0}, 0, ["a", "b"]),  # 0 = always stick
+        ({"a": 100_000, "b": 120_000, "c": 60_000}, 5000, ["a", "b"]),  # 4000 ms difference
+    ],
+    ids=["idle", "sticky-overloaded", "within-penalty", "gate-off", "others-busy-too"],
+)
+def test_ttft_load_gate(tokens: dict[str, int], penalty_ms: float, expected: list[str]) -> None:
+    raw = {"explorationProbability": 0, "maxTTFTPenaltyMs": penalty_ms, "peakPrefillThroughput": 10_000}
+    f = mod.factory("f", Params.model_validate(raw), FakeHandle())
+    assert names(f.filter(cycle_with(10, a=10, b=9), request(), loaded(tokens))) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"ttftSource": "latencyPredictor"}, "latencyPredictor is not supported yet"),
+        ({"ttftSource": "guess"}, "prefillThroughput"),
+        ({"peakPrefillThroughput": 0}, "peakPrefillThroughput must be > 0"),
+        ({"peakPrefillThroughput": -1}, "greater than or equal to 0"),
+        ({"latencyPredictionInfoProducerName": "predicted-latency-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}, "not supported yet"),
+    ],
+    ids=["predictor", "unknown-source", "zero-throughput", "negative-throughput", "predictor-name", "precise"],
+)
+def test_gate_parameters_rejected(raw: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        Params.model_validate(raw)
+
+
+def test_gate_parameters_accepted_when_the_gate_is_off() -> None:
+    params = Params.model_validate(
+        {"maxTTFTPenaltyMs": 0, "ttftSource": "latencyPredictor", "peakPrefillThroughput": 0}
+    )
+    assert params.ttft_source == "latencyPredictor"
+    named = Params.model_validate(
+        {"inFlightLoadProducerName": "load", "prefixMatchInfoProducerName": "approx-prefix-cache-producer"}
+    )
+    assert named.in_flight_load_producer_name == "load"

@@ -85,9 +85,8 @@ def test_identity_category_and_auto_wiring_contract() -> None:
 def test_accepts_the_producer_parameters(raw: dict[str, Any]) -> None:
     params = Params.model_validate(raw)
     assert isinstance(params, producer_mod.Params)
-    assert producer_mod.Params.model_validate(params.model_dump(by_alias=True)) == producer_mod.Params.model_validate(
-        raw
-    )
+    dumped = {k: v for k, v in params.model_dump(by_alias=True).items() if k not in mod.SCORER_ONLY_PARAMS}
+    assert producer_mod.Params.model_validate(dumped) == producer_mod.Params.model_validate(raw)
 
 
 def test_rejects_what_the_producer_rejects() -> None:
@@ -131,3 +130,66 @@ def test_requests_sharing_a_prefix_follow_it_through_a_loaded_config() -> None:
 
     first = run(system + "first question")
     assert all(run(system + f"question {i}") == first for i in range(10))
+
+
+# --- matchLengthWeight / matchLengthScaleTokens / prefixMatchInfoProducerName -------------------------------
+def _cycle(total: int, block_tokens: int, **matches: int) -> CycleState:
+    cycle = CycleState()
+    cycle.write(
+        PREFIX_MATCH_KEY, PrefixMatch(list(range(total)), {key(n): v for n, v in matches.items()}, block_tokens)
+    )
+    return cycle
+
+
+def test_match_length_weight_rewards_long_matches() -> None:
+    # a: 4 of 4 blocks (64 tokens), b: 100 of 400 blocks (1600 tokens) with 16-token blocks, scale 1600
+    scorer = mod.factory("p", Params(match_length_weight=0.5, match_length_scale_tokens=1600), FakeHandle())
+    short = scorer.score(_cycle(4, 16, a=4), chat("x"), [ep("a")])
+    long = scorer.score(_cycle(400, 16, b=100), chat("x"), [ep("b")])
+    assert short[key("a")] == pytest.approx(0.5 * (64 / 1600) ** 2 + 0.5 * 1.0)
+    assert long[key("b")] == pytest.approx(0.5 * 1.0 + 0.5 * 0.25)
+    assert long[key("b")] > short[key("a")]
+    ratio_only = mod.factory("p", Params(), FakeHandle()).score(_cycle(400, 16, b=100), chat("x"), [ep("b")])
+    assert ratio_only == {key("b"): 0.25}
+
+
+def test_match_length_is_capped_at_the_scale() -> None:
+    scorer = mod.factory("p", Params(match_length_weight=1.0, match_length_scale_tokens=100), FakeHandle())
+    assert scorer.score(_cycle(10, 16, a=10, b=1), chat("x"), [ep("a"), ep("b", 2)]) == {
+        key("a"): 1.0,
+        key("b"): pytest.approx((16 / 100) ** 2),
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"matchLengthWeight": 1.5}, "less than or equal to 1"),
+        ({"matchLengthWeight": -0.1}, "greater than or equal to 0"),
+        ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0}, "matchLengthScaleTokens must be > 0"),
+        ({"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}, "not supported yet"),
+    ],
+    ids=["weight-above-1", "negative-weight", "zero-scale", "precise-producer"],
+)
+def test_bad_scorer_parameters(raw: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        Params.model_validate(raw)
+
+
+def test_scorer_parameters_are_not_passed_to_the_auto_created_producer() -> None:
+    text = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters:
+    blockSizeTokens: 32
+    matchLengthWeight: 0.5
+    matchLengthScaleTokens: 16384
+    prefixMatchInfoProducerName: approx-prefix-cache-producer
+"""
+    loaded = load_config_text(text, builtin_registry(), NullRecorder())
+    scorer = loaded.plugins["prefix-cache-scorer"]
+    assert isinstance(scorer, PrefixCacheScorer)
+    assert (scorer.match_length_weight, scorer.match_length_scale_tokens) == (0.5, 16384)
+    assert loaded.plugin_params["approx-prefix-cache-producer"] == {"blockSizeTokens": 32}

@@ -76,3 +76,17 @@ def test_identity_and_category() -> None:
     scorer = mod.factory("tl", Params(), FakeHandle())
     assert scorer.typed_name == TypedName("token-load-scorer", "tl")
     assert scorer.category is ScorerCategory.DISTRIBUTION
+
+
+def test_in_flight_load_producer_name_reads_the_core_in_flight_account() -> None:
+    """Every producer name refers to the one in-flight account the core keeps: same plugin, same answers."""
+    from llm_epp.plugins import builtin_registry
+    from tests.unit.builders import FakeHandle as _Handle
+
+    registry = builtin_registry()
+    named = registry.build("token-load-scorer", "x", {"inFlightLoadProducerName": "my-load"}, _Handle())
+    plain = registry.build("token-load-scorer", "x", None, _Handle())
+    assert type(named) is type(plain)
+    assert {k: v for k, v in vars(named).items() if k != "_typed_name"} == {
+        k: v for k, v in vars(plain).items() if k != "_typed_name"
+    }

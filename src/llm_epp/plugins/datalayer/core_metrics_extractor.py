@@ -18,7 +18,9 @@ Configuration:
         trtllm-serve, triton-tensorrt-llm). Each has `name` (not empty, not "default") and the specs
         queuedRequestsSpec, runningRequestsSpec, kvUsageSpec, loraSpec, cacheInfoSpec,
         cacheBlockSizeSpec, cacheNumBlocksSpec, plus cacheBlockSizeLabelName / cacheNumBlocksLabelName
-        (labels of the cacheInfoSpec series; default block_size / num_gpu_blocks). A spec is a PromQL
+        (labels of the cacheInfoSpec series; default block_size / num_gpu_blocks), and customMetrics
+        ({attributeKey, metricSpec} list; validated, then refused as not supported yet: the data layer
+        does not publish endpoint attributes yet). A spec is a PromQL
         instant selector `name{label="value"}` (quotes optional, only `=` matchers); "" or an omitted
         spec disables that signal.
 
@@ -53,6 +55,13 @@ CACHE_BLOCK_SIZE_LABEL = "block_size"
 CACHE_NUM_BLOCKS_LABEL = "num_gpu_blocks"
 
 
+class CustomMetric(PluginParams):
+    """One `customMetrics` entry: a scalar metric published as a numeric endpoint attribute."""
+
+    attribute_key: str = Field(alias="attributeKey", min_length=1)
+    metric_spec: str = Field(alias="metricSpec", min_length=1)
+
+
 class EngineConfig(PluginParams):
     name: str
     queued_requests_spec: str = Field("", alias="queuedRequestsSpec")
@@ -64,6 +73,7 @@ class EngineConfig(PluginParams):
     cache_num_blocks_label_name: str = Field("", alias="cacheNumBlocksLabelName")
     cache_block_size_spec: str = Field("", alias="cacheBlockSizeSpec")
     cache_num_blocks_spec: str = Field("", alias="cacheNumBlocksSpec")
+    custom_metrics: tuple[CustomMetric, ...] = Field((), alias="customMetrics")
 
 
 BUILTIN_ENGINES: tuple[EngineConfig, ...] = (
@@ -144,6 +154,16 @@ class Params(PluginParams):
                     parse_spec(getattr(cfg, attr))
                 except ValueError as e:
                     problems.append(f"{where}.{alias}: {e}")
+            for j, custom in enumerate(cfg.custom_metrics):
+                try:
+                    parse_spec(custom.metric_spec)
+                except ValueError as e:
+                    problems.append(f"{where}.customMetrics[{j}].metricSpec: {e}")
+            if cfg.custom_metrics:
+                problems.append(
+                    f"{where}.customMetrics: not supported yet: endpoint attributes from custom metrics (read by "
+                    "endpoint-attribute-filter / -scorer) are not published by the data layer yet"
+                )
         default = self.default_engine or DEFAULT_ENGINE
         if default not in seen and default not in {e.name for e in BUILTIN_ENGINES}:
             problems.append(f"defaultEngine: {default!r} is neither a built-in engine nor in engineConfigs")

@@ -13,15 +13,21 @@ Configuration:
     scheme ("http" or "https", default "http").
     path (default "/metrics"): URL path of the metrics page; a missing leading "/" is added.
     insecureSkipVerify (default true): with https, do not verify the model server's certificate.
+    port (int in [1, 65535], optional): scrape this port instead of the endpoint's (or its metrics port).
+
+    Not supported yet (refused with a message): `caCertPath`, `clientCertPath` / `clientKeyPath` (TLS
+    verification against a CA bundle, mTLS) and `interval` (a scrape period per source): the data-layer
+    runtime builds one TLS context (verify or skip) and polls every source at `--refresh-metrics-interval`.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import EndpointMetadata, Handle, PluginParams, TypedName
+from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.types import join_host_port
 
 TYPE = "metrics-data-source"
@@ -32,13 +38,52 @@ class Params(PluginParams):
     scheme: Literal["http", "https"] = "http"
     path: str = DEFAULT_PATH
     insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")
+    port: int | None = Field(default=None, ge=1, le=65535)
+    ca_cert_path: str = Field(default="", alias="caCertPath")
+    client_cert_path: str = Field(default="", alias="clientCertPath")
+    client_key_path: str = Field(default="", alias="clientKeyPath")
+    interval: str = ""
+
+    @field_validator("interval")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if value:
+            parse_go_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _runtime_options(self) -> Params:
+        if bool(self.client_cert_path) != bool(self.client_key_path):
+            raise ValueError("clientCertPath and clientKeyPath must be set together")
+        unsupported = [
+            key
+            for key, value in (
+                ("caCertPath", self.ca_cert_path),
+                ("clientCertPath", self.client_cert_path),
+                ("clientKeyPath", self.client_key_path),
+                ("interval", self.interval),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(
+                f"{', '.join(unsupported)} not supported yet: metrics are scraped every --refresh-metrics-interval "
+                "with one TLS setting (insecureSkipVerify); remove the parameter"
+            )
+        return self
 
 
 class MetricsDataSource:
     def __init__(
-        self, name: str = TYPE, scheme: str = "http", path: str = DEFAULT_PATH, insecure_skip_verify: bool = True
+        self,
+        name: str = TYPE,
+        scheme: str = "http",
+        path: str = DEFAULT_PATH,
+        insecure_skip_verify: bool = True,
+        port: int | None = None,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.port = port
         self.scheme = scheme
         self.path = path if path.startswith("/") else "/" + path
         self._insecure_skip_verify = insecure_skip_verify
@@ -52,7 +97,7 @@ class MetricsDataSource:
         return self._insecure_skip_verify
 
     def url(self, endpoint: EndpointMetadata) -> str:
-        port = endpoint.metrics_port or endpoint.port
+        port = self.port or endpoint.metrics_port or endpoint.port
         path = endpoint.metrics_path if endpoint.metrics_path not in ("", DEFAULT_PATH) else self.path
         if not path.startswith("/"):
             path = "/" + path
@@ -60,4 +105,4 @@ class MetricsDataSource:
 
 
 def factory(name: str, params: Params, handle: Handle) -> MetricsDataSource:
-    return MetricsDataSource(name, params.scheme, params.path, params.insecure_skip_verify)
+    return MetricsDataSource(name, params.scheme, params.path, params.insecure_skip_verify, params.port)

@@ -140,6 +140,18 @@ PREFIX_MATCH_KEY: StateKey[PrefixMatch] = StateKey("prefix-cache-match-info")
 `PrefixCacheMatchInfoKey` endpoint attribute)."""
 
 
+def check_prefix_producer_name(value: str) -> str:
+    """Validates a consumer's `prefixMatchInfoProducerName`. llm-epp keeps one prefix match per request, from
+    its approx-prefix-cache-producer, so the parameter may name only that producer (or be left out)."""
+    if value and value != TYPE:
+        raise ValueError(
+            f"prefixMatchInfoProducerName {value!r} is not supported yet: llm-epp's prefix matches come from "
+            f"its {TYPE} only (precise-prefix-cache-producer is not supported yet); leave the parameter out "
+            f"or set it to {TYPE!r}"
+        )
+    return value
+
+
 class Params(PluginParams):
     auto_tune: bool = Field(default=True, alias="autoTune")
     block_size_tokens: int = Field(default=DEFAULT_BLOCK_SIZE_TOKENS, alias="blockSizeTokens")

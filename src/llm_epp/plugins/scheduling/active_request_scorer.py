@@ -19,6 +19,8 @@ Configuration:
         [0, 1] fall back to 1.0. Both fallbacks mirror llm-d and log a warning.
     requestTimeout (duration string, e.g. "2m"): accepted for compatibility and ignored; the core's
         accounting is released on completion, so nothing can leak.
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
+        keeps one in-flight account per endpoint (in the core), which every name refers to.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Params(PluginParams):
     idle_threshold: int = Field(default=0, alias="idleThreshold")
     max_busy_score: float = Field(default=1.0, alias="maxBusyScore")
     request_timeout: str | None = Field(default=None, alias="requestTimeout")
+    in_flight_load_producer_name: str = Field(default="", alias="inFlightLoadProducerName")
 
 
 class ActiveRequestScorer:

@@ -17,6 +17,8 @@ Configuration:
     maxConcurrency (int > 0, default 100): ideal in-flight requests per endpoint (requests mode).
     maxTokenConcurrency (int > 0, default 1000000): ideal in-flight tokens per endpoint (tokens mode).
     headroom (float >= 0, default 0.0): the filter's burst allowance above the ideal capacity.
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
+        keeps one in-flight account per endpoint (in the core), which every name refers to.
 
     saturation(endpoints) = sum of in-flight / (len(endpoints) x capacity); no endpoints gives 1.0.
     filter keeps endpoints with in-flight < int(capacity x (1 + headroom)). As in the reference (v1.5),
@@ -45,6 +47,7 @@ class Params(PluginParams):
     max_concurrency: int = Field(default=100, gt=0, alias="maxConcurrency")
     max_token_concurrency: int = Field(default=1000000, gt=0, alias="maxTokenConcurrency")
     headroom: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    in_flight_load_producer_name: str = Field(default="", alias="inFlightLoadProducerName")
 
 
 class ConcurrencyDetector:

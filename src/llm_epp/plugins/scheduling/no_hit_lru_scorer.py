@@ -24,6 +24,8 @@ Configuration:
     prefixPluginType, prefixPluginName (strings, default `prefix-cache-scorer`): accepted for llm-d
         compatibility. llm-d's current scorer ignores them as well (it reads the match info endpoint
         attribute); here the match always comes from the CycleState.
+    prefixMatchInfoProducerName (string, default ""): the producer whose match to read; only
+        `approx-prefix-cache-producer` is supported.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from llm_epp.framework import (
     CycleState,
@@ -45,7 +47,11 @@ from llm_epp.framework import (
     StateKey,
     TypedName,
 )
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFILL_PROFILE, PREFIX_MATCH_KEY
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    PREFILL_PROFILE,
+    PREFIX_MATCH_KEY,
+    check_prefix_producer_name,
+)
 
 TYPE = "no-hit-lru-scorer"
 DEFAULT_LRU_SIZE = 1024
@@ -56,6 +62,9 @@ class Params(PluginParams):
     prefix_plugin_type: str = Field(default="prefix-cache-scorer", alias="prefixPluginType")
     prefix_plugin_name: str = Field(default="prefix-cache-scorer", alias="prefixPluginName")
     lru_size: int = Field(default=DEFAULT_LRU_SIZE, alias="lruSize")
+    prefix_match_info_producer_name: str = Field(default="", alias="prefixMatchInfoProducerName")
+
+    _producer_name = field_validator("prefix_match_info_producer_name")(check_prefix_producer_name)
 
 
 class NoHitLruScorer:

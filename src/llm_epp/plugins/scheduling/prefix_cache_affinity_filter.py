@@ -8,39 +8,75 @@ Scheduling intent:
     `affinityThreshold` <= 0, and, for exploration, with probability `explorationProbability` (which lets
     other endpoints warm up over time).
 
-    TTFT load gate: the reference also keeps all candidates when the best sticky endpoint's *predicted*
-    TTFT exceeds the best non-sticky one's by more than `maxTTFTPenaltyMs`. Predictions come from the
-    reference's latency predictor, which llm-epp does not have, so the gate is not applied (the reference
-    skips it too when no endpoint carries a prediction). The parameter is accepted and validated; pair the
-    filter with load-aware scorers, or use a threshold below 1, to avoid piling load on sticky endpoints.
+    TTFT load gate (`maxTTFTPenaltyMs` > 0): when the best sticky endpoint's estimated TTFT exceeds the best
+    non-sticky one's by more than `maxTTFTPenaltyMs`, stickiness is broken and every candidate is kept, so
+    a hot prefix does not pile load onto overloaded sticky endpoints. With `ttftSource: prefillThroughput`
+    (the default) an endpoint's TTFT is estimated as in-flight tokens / `peakPrefillThroughput` x 1000 ms.
+    (GIE v1.5.0 took the TTFT from its latency predictor only, and skipped the gate without predictions.)
 
 Inputs consumed:
     The request's `PrefixMatch` in the CycleState (from `approx-prefix-cache-producer`); the prefix score
-    of an endpoint is matched blocks / total blocks (0 without prefix data).
+    of an endpoint is matched blocks / total blocks (0 without prefix data). For the TTFT load gate,
+    Endpoint.load.tokens, the EPP's own in-flight token estimate per endpoint.
 
 Configuration:
     affinityThreshold (float, default 0.80, <= 1): minimum prefix score of a sticky endpoint.
     explorationProbability (float in [0, 1], default 0.01): chance of keeping every candidate.
-    maxTTFTPenaltyMs (float >= 0, default 5000): accepted; not applied (no latency predictor).
+    maxTTFTPenaltyMs (float >= 0, default 5000, as GIE v1.5.0; llm-d-router uses 18000): 0 = always stick.
+    ttftSource (`prefillThroughput` | `latencyPredictor`, default `prefillThroughput`): where the gate's TTFT
+        comes from. `latencyPredictor` is not supported yet (no latency predictor) unless the gate is off.
+    peakPrefillThroughput (float >= 0 tokens/s, default 15928, calibrated upstream for Qwen3-32B on
+        2 x H100 TP=2): must be > 0 when the gate uses `prefillThroughput`.
+    prefixMatchInfoProducerName (default ""): only `approx-prefix-cache-producer` is supported.
+    inFlightLoadProducerName (default ""): the `inflight-load-producer` whose tokens the gate reads; llm-epp
+        keeps one in-flight account per endpoint (in the core), which every name refers to.
+    latencyPredictionInfoProducerName (default ""): not supported yet (no latency predictor).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import CycleState, Endpoint, Handle, InferenceRequest, PluginParams, TypedName
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, check_prefix_producer_name
 
 TYPE = "prefix-cache-affinity-filter"
+DEFAULT_PEAK_PREFILL_THROUGHPUT = 15928.0
 
 
 class Params(PluginParams):
     affinity_threshold: float = Field(default=0.80, le=1.0, alias="affinityThreshold")
     exploration_probability: float = Field(default=0.01, ge=0.0, le=1.0, alias="explorationProbability")
     max_ttft_penalty_ms: float = Field(default=5000.0, ge=0.0, alias="maxTTFTPenaltyMs")
+    ttft_source: Literal["prefillThroughput", "latencyPredictor"] = Field(
+        default="prefillThroughput", alias="ttftSource"
+    )
+    peak_prefill_throughput: float = Field(
+        default=DEFAULT_PEAK_PREFILL_THROUGHPUT, ge=0.0, alias="peakPrefillThroughput"
+    )
+    prefix_match_info_producer_name: str = Field(default="", alias="prefixMatchInfoProducerName")
+    in_flight_load_producer_name: str = Field(default="", alias="inFlightLoadProducerName")
+    latency_prediction_info_producer_name: str = Field(default="", alias="latencyPredictionInfoProducerName")
+
+    _producer_name = field_validator("prefix_match_info_producer_name")(check_prefix_producer_name)
+
+    @model_validator(mode="after")
+    def _gate(self) -> Params:
+        gate = self.max_ttft_penalty_ms > 0
+        if self.latency_prediction_info_producer_name:
+            raise ValueError("latencyPredictionInfoProducerName is not supported yet: llm-epp has no latency predictor")
+        if gate and self.ttft_source == "latencyPredictor":
+            raise ValueError(
+                "ttftSource latencyPredictor is not supported yet: llm-epp has no latency predictor; use "
+                "prefillThroughput (TTFT estimated from in-flight tokens) or maxTTFTPenaltyMs: 0"
+            )
+        if gate and self.peak_prefill_throughput <= 0:
+            raise ValueError("peakPrefillThroughput must be > 0 when ttftSource is prefillThroughput")
+        return self
 
 
 class PrefixCacheAffinityFilter:
@@ -52,10 +88,14 @@ class PrefixCacheAffinityFilter:
         affinity_threshold: float = 0.80,
         exploration_probability: float = 0.01,
         rng: random.Random | None = None,
+        max_ttft_penalty_ms: float = 0.0,
+        peak_prefill_throughput: float = DEFAULT_PEAK_PREFILL_THROUGHPUT,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.affinity_threshold = affinity_threshold
         self.exploration_probability = exploration_probability
+        self.max_ttft_penalty_ms = max_ttft_penalty_ms
+        self.peak_prefill_throughput = peak_prefill_throughput
         self._rng = rng or random.Random()
 
     @property
@@ -74,8 +114,23 @@ class PrefixCacheAffinityFilter:
         total = match.total_blocks
         get = match.matches.get
         sticky = [e for e in endpoints if get(e.key, 0) / total >= threshold]
-        return sticky or endpoints
+        if not sticky:
+            return endpoints
+        if self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints):
+            # TTFT in ms = tokens / throughput x 1000: compare the lightest sticky and non-sticky endpoints
+            sticky_keys = {e.key for e in sticky}
+            best_sticky = min(e.load.tokens for e in sticky)
+            best_other = min(e.load.tokens for e in endpoints if e.key not in sticky_keys)
+            if (best_sticky - best_other) / self.peak_prefill_throughput * 1000.0 > self.max_ttft_penalty_ms:
+                return endpoints
+        return sticky
 
 
 def factory(name: str, params: Params, handle: Handle) -> PrefixCacheAffinityFilter:
-    return PrefixCacheAffinityFilter(name, params.affinity_threshold, params.exploration_probability)
+    return PrefixCacheAffinityFilter(
+        name,
+        params.affinity_threshold,
+        params.exploration_probability,
+        max_ttft_penalty_ms=params.max_ttft_penalty_ms,
+        peak_prefill_throughput=params.peak_prefill_throughput,
+    )

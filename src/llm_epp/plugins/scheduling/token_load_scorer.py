@@ -13,6 +13,8 @@ Configuration:
     queueThresholdTokens (int, default 4194304 = 128 requests of 32K tokens): the load that scores 0.
     Score = 1 - min(1, tokens / queueThresholdTokens); no load scores 1.0. As in the reference, a value
     <= 0 falls back to the default (with a warning).
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
+        keeps one in-flight account per endpoint (in the core), which every name refers to.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 class Params(PluginParams):
     queue_threshold_tokens: int = Field(default=DEFAULT_QUEUE_THRESHOLD_TOKENS, alias="queueThresholdTokens")
+    in_flight_load_producer_name: str = Field(default="", alias="inFlightLoadProducerName")
 
 
 class TokenLoadScorer:

@@ -1,0 +1,24 @@
+"""Tests for models-data-source (pure part): the `/v1/models` URL per endpoint."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from llm_epp.framework import EndpointKey, EndpointMetadata
+from llm_epp.framework.datalayer import DataSource
+from llm_epp.plugins.datalayer.models_data_source import ModelsDataSource, Params
+
+
+def test_url() -> None:
+    md = EndpointMetadata(EndpointKey("llm", "vllm-0"), "fd00::5", 8000)
+    source = ModelsDataSource("models", Params())
+    assert isinstance(source, DataSource)
+    assert source.url(md) == "http://[fd00::5]:8000/v1/models"
+    assert ModelsDataSource("m", Params(scheme="https", path="models")).url(md) == "https://[fd00::5]:8000/models"
+
+
+@pytest.mark.parametrize("raw", [{"interval": "5s"}, {"caCertPath": "/ca.crt"}], ids=["interval", "ca"])
+def test_unsupported_options_are_refused(raw: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="not supported yet"):
+        Params.model_validate(raw)
