@@ -17,6 +17,7 @@ from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.disagg.common import Decider
 from tests.unit.builders import FakeHandle
 
 REGISTRY = builtin_registry()
@@ -35,6 +36,7 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     ResponseComplete,
     DataSource,
     Extractor,
+    Decider,
 )
 TESTS_ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,6 +84,22 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         ],
     },
     "label-selector-filter": {"matchLabels": {"llm-d.ai/role": "decode"}},
+    "disagg-profile-handler": {
+        "profiles": {"decode": "decode", "prefill": "prefill"},
+        "deciders": {"prefill": "prefix-based-pd-decider"},
+    },
+    "pd-profile-handler": {
+        "decodeProfile": "decode",
+        "prefillProfile": "prefill",
+        "deciderPluginName": "prefix-based-pd-decider",
+        "prefixPluginType": "prefix-cache-scorer",
+        "primaryPort": 8000,
+    },
+    "prefix-based-pd-decider": {"nonCachedTokens": 16},
+    "data-parallel-profile-handler": {"primaryPort": 8000},
+    "disagg-headers-handler": {"prefillProfile": "prefill", "encodeProfile": "encode"},
+    "prefill-header-handler": {"prefillProfile": "prefill"},
+    "context-length-aware": {"label": "llm-d.ai/context-length-range", "enableFiltering": True},
 }
 
 

@@ -193,6 +193,18 @@ class PrometheusRecorder:
             _MODEL,
             NTPOT_BUCKETS,
         )
+        self._disagg_decisions = Counter(
+            "llm_d_epp_disagg_decision_total",
+            _ALPHA + "Total number of disaggregation routing decisions made",
+            ("plugin_name", "plugin_type", "model_name", "decision_type"),
+            registry=reg,
+        )
+        self._pd_decisions = Counter(
+            "llm_d_epp_pd_decision_total",
+            _ALPHA + "Total number of P/D disaggregation decisions made",
+            ("plugin_name", "plugin_type", "model_name", "decision_type"),
+            registry=reg,
+        )
         self._running = Gauge(
             "inference_objective_running_requests",
             _ALPHA + "Inference objective number of running requests in each model.",
@@ -344,6 +356,12 @@ class PrometheusRecorder:
 
     def model_rewrite(self, rule: str, model: str, target_model: str) -> None:
         self._rewrites.labels(rule, model, target_model).inc()
+
+    def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        self._disagg_decisions.labels(plugin.name, plugin.type, model or "unknown", decision_type).inc()
+
+    def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        self._pd_decisions.labels(plugin.name, plugin.type, model or "unknown", decision_type).inc()
 
     def request_scheduled(self, model: str, target_model: str, priority: int) -> None:
         key = (model, target_model, priority)
