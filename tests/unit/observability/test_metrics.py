@@ -63,6 +63,8 @@ def record_everything(rec: PrometheusRecorder) -> None:
     rec.running_requests("m", 1)
     rec.request_completed("m", "t", 2.0, 100, 200, 10, 20, 5)
     rec.set_pool_gauges("pool", 0.5, 1.0, 2.0, 2, {"pod-a": 1.0})
+    rec.disagg_decision(TypedName("disagg-profile-handler", "h"), "m", "prefill-decode")
+    rec.pd_decision(TypedName("pd-profile-handler", "h"), "m", "decode-only")
 
 
 # name -> (type, label names without `le`)
@@ -101,6 +103,8 @@ EXPECTED = {
     "inference_extension_prefix_indexer_hit_bytes": ("histogram", set()),
     "llm_epp_plugin_errors": ("counter", {"extension_point", "plugin_type", "plugin_name"}),
     "llm_epp_scores_out_of_range": ("counter", {"plugin_type", "plugin_name"}),
+    "llm_d_epp_disagg_decision": ("counter", {"plugin_name", "plugin_type", "model_name", "decision_type"}),
+    "llm_d_epp_pd_decision": ("counter", {"plugin_name", "plugin_type", "model_name", "decision_type"}),
 }
 
 
