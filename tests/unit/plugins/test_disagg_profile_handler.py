@@ -200,3 +200,14 @@ def test_a_missing_or_wrong_decider_is_reported_by_name() -> None:
         scheduler(handler, handle.recorder).schedule(request(), pool())
     with pytest.raises(ValueError, match="not a decider"):
         _handler({"deciders": {"prefill": "f"}}, {"f": FakeFilter("f")})
+
+
+def test_an_unresolvable_decider_is_logged_when_the_loader_asks_for_its_data(caplog: pytest.LogCaptureFixture) -> None:
+    handler, _ = _handler({"deciders": {"prefill": "typo"}}, {})
+    with caplog.at_level("ERROR"):
+        assert handler.consumes == frozenset()
+        assert handler.consumes == frozenset()
+    assert [r.getMessage() for r in caplog.records if "typo" in r.getMessage()] == [
+        "disagg_decider_unresolved deciders.prefill: no plugin named 'typo' is configured; declare the decider; "
+        "every request will fail until the config is fixed"
+    ]

@@ -3,6 +3,7 @@ size estimate the deciders use, and writing the routing headers into the request
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,6 +21,8 @@ from llm_epp.framework import (
     TypedName,
 )
 from llm_epp.framework.requestcontrol import REQUEST_HEADERS_KEY
+
+log = logging.getLogger(__name__)
 
 # Upstream request headers read by the decode pod's sidecar (llm-d's pkg/common/routing).
 PREFILL_ENDPOINT_HEADER = "x-prefiller-host-port"
@@ -69,22 +72,27 @@ class DeciderRef:
     """A decider named in a handler's parameters. Resolved when the handler is built if the decider is
     already there, otherwise on first use (configurations may declare the decider after the handler)."""
 
-    __slots__ = ("_decider", "_handle", "field", "name")
+    __slots__ = ("_decider", "_handle", "_reported", "field", "name")
 
     def __init__(self, field: str, name: str, handle: Handle) -> None:
         self.field = field
         self.name = name
         self._handle = handle
         self._decider: Decider | None = None
+        self._reported = False
         found = handle.plugin(name)
         if found is not None:
             self._decider = _as_decider(field, name, found)
 
     def requires(self) -> frozenset[str]:
-        """The data keys the decider needs produced (empty while it cannot be resolved)."""
+        """The data keys the decider needs produced (empty while it cannot be resolved). The config loader
+        asks once every plugin is built, so an unresolvable name is logged then, at load time."""
         try:
             decider = self.get()
-        except (LookupError, ValueError):
+        except (LookupError, ValueError) as e:
+            if not self._reported:
+                self._reported = True
+                log.error("disagg_decider_unresolved %s; every request will fail until the config is fixed", e)
             return frozenset()
         return frozenset(getattr(decider, "requires", ()) or ())
 
