@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     from llm_epp.pdsidecar.proxy import Sidecar
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.vllm_port is not None:
         log.warning("flag_deprecated flag=--vllm-port replacement=--model-server-port")
     config, problems = config_from_args(args)
@@ -143,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
     if not config.allowlist.enabled:
         log.warning("pd_sidecar_ssrf_protection_off: any x-prefiller-host-port target is contacted; "
                     "enable --enable-ssrf-protection")  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     log.info(
         "pd_sidecar_start listen=%s:%d decoder=%s kv_connector=%s allowlist=%s",
         args.host,
