@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from llm_epp.framework.durations import parse_go_duration
 from llm_epp.pdsidecar.allowlist import Allowlist, AllowlistError
 from llm_epp.pdsidecar.protocol import DEFAULT_SGLANG_BOOTSTRAP_PORT, KV_CONNECTORS
 
@@ -24,7 +25,6 @@ _UNSUPPORTED: dict[str, object] = {
     "data_parallel_size": 1,
     "enable_tls": None,
     "inference_pool": None,
-    "prefill_max_retries": 0,
     "secure_serving": False,
     "ec_connector": None,
 }
@@ -67,12 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang prefill bootstrap port (default 8998, env SGLANG_BOOTSTRAP_PORT)")  # fmt: skip
     parser.add_argument("--prefill-timeout", type=float, default=600.0,
                         help="seconds the prefill leg may take before decoding locally (default 600)")  # fmt: skip
+    parser.add_argument("--prefill-max-retries", type=int, default=0,
+                        help="retries of a prefill leg answered 502/503/504 or not reached (default 0)")  # fmt: skip
+    parser.add_argument("--prefill-retry-backoff", default="200ms",
+                        help="pause between prefill retries, a Go duration (default 200ms)")  # fmt: skip
     # accepted so that upstream command lines give a clear answer; only their "off" values work
     parser.add_argument("--decode-chunk-size", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--data-parallel-size", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--enable-tls", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--inference-pool", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--prefill-max-retries", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--secure-serving", "--secure-proxy", type=_bool, nargs="?", const=True, default=False,
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--ec-connector", default=None, help=argparse.SUPPRESS)
@@ -115,6 +118,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[SidecarConfig, list[str]
             problems.append(f"allow-list: {e}")
     if args.prefill_timeout <= 0:
         problems.append("--prefill-timeout must be > 0 seconds")
+    if args.prefill_max_retries < 0:
+        problems.append("--prefill-max-retries must be >= 0")
+    try:
+        backoff = parse_go_duration(args.prefill_retry_backoff)
+    except ValueError as e:
+        problems.append(f"--prefill-retry-backoff: {e}")
+        backoff = 0.0
     host = args.model_server_host
     decoder = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     config = SidecarConfig(
@@ -124,6 +134,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[SidecarConfig, list[str]
         allowlist=allowlist,
         sglang_bootstrap_port=args.sglang_bootstrap_port,
         prefill_timeout_s=args.prefill_timeout,
+        prefill_max_retries=max(args.prefill_max_retries, 0),
+        prefill_retry_backoff_s=max(backoff, 0.0),
     )
     return config, problems
 

@@ -47,6 +47,7 @@ _HOP_BY_HOP = frozenset(
 )
 _ROUTING = frozenset({p.PREFILL_HEADER, p.ENCODER_HEADER, p.KV_CACHE_SOURCE_HEADER})
 _JSON = {"Content-Type": "application/json"}
+_RETRYABLE = frozenset({502, 503, 504})  # transient: the same prefill pod may answer on a retry
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class SidecarConfig:
     sglang_bootstrap_port: int = DEFAULT_SGLANG_BOOTSTRAP_PORT
     prefill_scheme: str = "http"
     prefill_timeout_s: float = 600.0
+    prefill_max_retries: int = 0
+    prefill_retry_backoff_s: float = 0.2
     sampler: Callable[[int], int] = field(default=lambda n: random.randrange(n), repr=False)
 
 
@@ -256,13 +259,24 @@ class Sidecar:
         """The prefill answer (a JSON object with `kv_transfer_params`), or the response to return to the
         client (prefill said 400-451). Raises PrefillFallback for failures local decoding absorbs."""
         timeout = aiohttp.ClientTimeout(total=self.config.prefill_timeout_s)
-        try:
-            async with self.session.post(self._url(target, path), headers=headers, data=body, timeout=timeout) as resp:
-                raw = await resp.read()
-                status = resp.status
-                ctype = resp.headers.get("Content-Type", "application/json")
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise PrefillFallback(f"prefill request failed: {e!r}") from None
+        attempt = 0
+        while True:
+            failure, raw, ctype = "", b"", "application/json"
+            try:
+                url = self._url(target, path)
+                async with self.session.post(url, headers=headers, data=body, timeout=timeout) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                    ctype = resp.headers.get("Content-Type", ctype)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                failure, status = f"prefill request failed: {e!r}", 0
+            if status not in _RETRYABLE and not failure:
+                break
+            if attempt >= self.config.prefill_max_retries:
+                raise PrefillFallback(failure or f"prefill answered HTTP {status}")
+            attempt += 1
+            log.info("pd_sidecar_prefill_retry target=%s request_id=%s attempt=%d", target, request_id, attempt)
+            await asyncio.sleep(self.config.prefill_retry_backoff_s)
         if 400 <= status <= 451:
             log.info("pd_sidecar_prefill_rejected target=%s request_id=%s status=%d", target, request_id, status)
             return web.Response(status=status, body=raw, headers={"Content-Type": ctype})

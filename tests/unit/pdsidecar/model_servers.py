@@ -40,6 +40,7 @@ class ModelServer:
     )
     received: list[Received] = field(default_factory=list)
     port: int = 0
+    fail_first: int = 0  # answer this many requests with 503 first
 
     @property
     def hostport(self) -> str:
@@ -58,6 +59,9 @@ class ModelServer:
         body = orjson.loads(raw) if raw else None
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.received.append(Received(request.method, request.path, request.query_string, headers, body))
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            return web.Response(status=503, body=b'{"error": "busy"}', content_type="application/json")
         if self.body is not None or self.status != 200:
             return web.Response(status=self.status, body=self.body or b"{}", content_type="application/json")
         if not isinstance(body, dict):

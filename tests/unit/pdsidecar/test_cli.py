@@ -52,11 +52,19 @@ def test_upstream_flags(tmp_path: Path) -> None:
         (["--allowed-prefill-targets", "10.0.0.1"], "only with --enable-ssrf-protection"),
         (["--enable-ssrf-protection", "--allowed-prefill-targets", "10.0.0.1:99999"], "allow-list"),
         (["--port", "0"], "--port 0"),
+        (["--prefill-retry-backoff", "soon"], "--prefill-retry-backoff"),
+        (["--prefill-max-retries", "-1"], "--prefill-max-retries must be >= 0"),
     ],
 )
 def test_refusals(argv: list[str], message: str) -> None:
     _, problems = _config(*argv)
     assert any(message in p for p in problems), problems
+
+
+def test_prefill_retries() -> None:
+    config, problems = _config("--prefill-max-retries", "3", "--prefill-retry-backoff", "1.5s")
+    assert problems == []
+    assert (config.prefill_max_retries, config.prefill_retry_backoff_s) == (3, 1.5)  # type: ignore[attr-defined]
 
 
 def test_main_exits_2_with_the_problem(capsys: pytest.CaptureFixture[str]) -> None:

@@ -226,3 +226,17 @@ async def test_decoder_down_is_a_503(prefill: ModelServer) -> None:
     async with sidecar(SidecarConfig(decoder_url=closed)) as url:
         status, raw, _ = await _post(url, "/v1/chat/completions", CHAT)
     assert status == 503 and b"decode node is not ready" in raw
+
+
+@pytest.mark.parametrize(("retries", "prefilled"), [(0, False), (2, True)])
+async def test_transient_prefill_errors_are_retried(
+    decode: ModelServer, prefill: ModelServer, retries: int, prefilled: bool
+) -> None:
+    prefill.fail_first = 2
+    config = _config(decode, prefill_max_retries=retries, prefill_retry_backoff_s=0.0)
+    async with sidecar(config) as url:
+        status, _, _ = await _post(url, "/v1/chat/completions", CHAT, {"x-prefiller-host-port": prefill.hostport})
+    assert status == 200
+    assert len(prefill.received) == (3 if prefilled else 1)
+    [d] = decode.received
+    assert ("kv_transfer_params" in d.body) is prefilled
