@@ -596,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llm_epp.sim import cli as sim_cli
 
     sim_cli.add_arguments(sub.add_parser("sim", help="run simulated vLLM or SGLang pods on loopback"))
+    from llm_epp.pdsidecar import cli as pd_sidecar_cli
+
+    pd_sidecar_cli.add_arguments(sub.add_parser("pd-sidecar", help="run the decode-side P/D routing sidecar"))
     cfg = sub.add_parser("config", help="work with EndpointPickerConfig files")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a config file and print the resolved profiles")
@@ -649,5 +652,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llm_epp.sim import cli as sim_cli
 
         return sim_cli.run(args)
+    if args.command == "pd-sidecar":
+        from llm_epp.pdsidecar import cli as pd_sidecar_cli
+
+        return pd_sidecar_cli.run(args)
     parser.print_help()
     return 2

@@ -36,35 +36,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{GIE} pkg/epp/config/loader/testdata_test.go, site-src/guides/flow-control.md",
         frozenset({FLOW_CONTROL, "fcfs-ordering-policy", "round-robin-fairness-policy"}),
     ),
-    "router-decode-filter.yaml": (
-        f"{ROUTER} deploy/config/epp-config.yaml, sim-epp-config.yaml, epp-estimate-prefix-cache-config.yaml",
-        frozenset({"decode-filter"}),
-    ),
-    "router-pd-disaggregation.yaml": (
-        f"{ROUTER} deploy/config/pd-epp-config.yaml, docs/disaggregation.md",
-        frozenset({"decode-filter", "prefill-filter", "disagg-profile-handler", "prefix-based-pd-decider"}),
-    ),
-    "router-label-selector-pd.yaml": (
-        f"{ROUTER} docs/disaggregation.md",
-        frozenset({"disagg-profile-handler", "always-disagg-pd-decider"}),
-    ),
-    "router-encode-prefill-decode.yaml": (
-        f"{ROUTER} deploy/config/sim-e-p-d-epp-config.yaml",
-        frozenset(
-            {
-                "encode-filter",
-                "prefill-filter",
-                "decode-filter",
-                "disagg-profile-handler",
-                "always-disagg-multimodal-decider",
-                "prefix-based-pd-decider",
-            }
-        ),
-    ),
-    "router-data-parallel.yaml": (
-        f"{ROUTER} deploy/config/dp-epp-config.yaml",
-        frozenset({"decode-filter", "data-parallel-profile-handler"}),
-    ),
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",
@@ -92,21 +63,11 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "guide-context-length-pd.yaml": (
         f"{GUIDES} context-length-aware-pd/router.values.yaml",
-        frozenset(
-            {
-                "disagg-headers-handler",
-                "always-disagg-pd-decider",
-                "disagg-profile-handler",
-                "prefill-filter",
-                "decode-filter",
-                "token-producer",
-                "context-length-aware",
-            }
-        ),
+        frozenset({"token-producer"}),
     ),
     "guide-precise-scheduler.yaml": (
         f"{GUIDES} precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml",
-        frozenset({"tokenizer", "decode-filter", "precise-prefix-cache-scorer"}),
+        frozenset({"tokenizer", "precise-prefix-cache-scorer"}),
     ),
 }
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""

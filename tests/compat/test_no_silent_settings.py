@@ -20,6 +20,7 @@ from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.parsing import Parser
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.disagg.common import Decider, DeciderRef
 from tests.compat.plugins import compat_registry
 from tests.contract.test_builtin_plugins import REFERENCE_PARAMS
 from tests.unit.builders import endpoint, request
@@ -262,6 +263,13 @@ def _placement(plugin_type: str) -> str:
         sections.append("dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: p}]}]}\n")
     if isinstance(probe, Parser):
         sections.append("requestHandler: {parsers: [{pluginRef: p}]}\n")
+    if isinstance(probe, Decider):  # referenced by name from a disaggregation profile handler
+        base += "- {name: h, type: disagg-profile-handler, parameters: {deciders: {prefill: p}}}\n"
+        sections.append(
+            "schedulingProfiles:\n"
+            "- {name: decode, plugins: [{pluginRef: queue-scorer}]}\n"
+            "- {name: prefill, plugins: [{pluginRef: queue-scorer}]}\n"
+        )
     return base + "".join(sections)
 
 
@@ -285,6 +293,9 @@ def _runs(loaded: LoadedConfig, plugin: object) -> list[str]:
     places = []
     if plugin is loaded.scheduler.handler:
         places.append("profile handler")
+    for ref in (getattr(loaded.scheduler.handler, f, None) for f in ("prefill_decider", "encode_decider", "decider")):
+        if isinstance(ref, DeciderRef) and loaded.plugins.get(ref.name) is plugin:
+            places.append("decider of the profile handler")
     for profile in loaded.scheduler.profiles.values():
         if plugin in profile.filters or plugin is profile.picker or any(s.scorer is plugin for s in profile.scorers):
             places.append(f"profile {profile.name}")

@@ -18,6 +18,7 @@ from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
 from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.disagg.common import Decider
 from tests.unit.builders import FakeHandle
 
 REGISTRY = builtin_registry()
@@ -37,6 +38,7 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     DataSource,
     Extractor,
     Parser,
+    Decider,
 )
 TESTS_ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,6 +113,22 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
             }
         ]
     },
+    "disagg-profile-handler": {
+        "profiles": {"decode": "decode", "prefill": "prefill"},
+        "deciders": {"prefill": "prefix-based-pd-decider"},
+    },
+    "pd-profile-handler": {
+        "decodeProfile": "decode",
+        "prefillProfile": "prefill",
+        "deciderPluginName": "prefix-based-pd-decider",
+        "prefixPluginType": "prefix-cache-scorer",
+        "primaryPort": 8000,
+    },
+    "prefix-based-pd-decider": {"nonCachedTokens": 16},
+    "data-parallel-profile-handler": {"primaryPort": 8000},
+    "disagg-headers-handler": {"prefillProfile": "prefill", "encodeProfile": "encode"},
+    "prefill-header-handler": {"prefillProfile": "prefill"},
+    "context-length-aware": {"label": "llm-d.ai/context-length-range", "enableFiltering": True},
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
@@ -223,7 +241,9 @@ def test_known_but_unsupported_reference_types_say_so() -> None:
 
     for plugin_type in set(UNSUPPORTED) & set(TYPES):  # a registered type wins over the table
         assert REGISTRY.entry(plugin_type).plugin_type == plugin_type
-    for plugin_type in ("decode-filter", "multicluster-queue-scorer", "fcfs-ordering-policy", "dcgm-extractor"):
+    waiting = sorted(set(UNSUPPORTED) - set(TYPES))
+    assert "multicluster-queue-scorer" in waiting
+    for plugin_type in waiting:
         with pytest.raises(UnsupportedPluginTypeError) as info:
             REGISTRY.entry(plugin_type)
         assert "not supported yet by llm-epp" in str(info.value)

@@ -100,6 +100,14 @@ class FakeRecorder:
     request_errors: list[tuple[str, str, str]] = field(default_factory=list)
     running: list[tuple[str, int]] = field(default_factory=list)
     completed: list[tuple[Any, ...]] = field(default_factory=list)
+    disagg_decisions: list[tuple[TypedName, str, str]] = field(default_factory=list)
+    pd_decisions: list[tuple[TypedName, str, str]] = field(default_factory=list)
+
+    def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        self.disagg_decisions.append((plugin, model, decision_type))
+
+    def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        self.pd_decisions.append((plugin, model, decision_type))
 
     def plugin_duration(self, extension_point: str, plugin: TypedName, seconds: float) -> None:
         self.plugin_durations.append((extension_point, plugin, seconds))

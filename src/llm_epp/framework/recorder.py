@@ -35,6 +35,11 @@ class Recorder(Protocol):
 
     def running_requests(self, model: str, delta: int) -> None: ...
 
+    # --- disaggregation (reference: llm_d_epp_disagg_decision_total, llm_d_epp_pd_decision_total) -------
+    def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None: ...
+
+    def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None: ...
+
     def request_completed(
         self,
         model: str,
@@ -82,6 +87,12 @@ class NullRecorder:
         pass
 
     def running_requests(self, model: str, delta: int) -> None:
+        pass
+
+    def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        pass
+
+    def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
         pass
 
     def request_completed(

@@ -4,6 +4,20 @@ from __future__ import annotations
 
 from llm_epp.framework import Registry
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
+from llm_epp.plugins.disagg import (
+    always_disagg_multimodal_decider,
+    always_disagg_pd_decider,
+    context_length_aware,
+    data_parallel_profile_handler,
+    decode_filter,
+    disagg_headers_handler,
+    disagg_profile_handler,
+    encode_filter,
+    pd_profile_handler,
+    prefill_filter,
+    prefill_header_handler,
+    prefix_based_pd_decider,
+)
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
@@ -79,6 +93,18 @@ _MODULES = (
     destination_endpoint_served_verifier,
     request_attribute_reporter,
     p2p_source_producer,
+    decode_filter,
+    prefill_filter,
+    encode_filter,
+    disagg_profile_handler,
+    pd_profile_handler,
+    data_parallel_profile_handler,
+    prefix_based_pd_decider,
+    always_disagg_pd_decider,
+    always_disagg_multimodal_decider,
+    context_length_aware,
+    disagg_headers_handler,
+    prefill_header_handler,
 )
 
 _PD = "prefill/decode disaggregation"
