@@ -14,6 +14,10 @@ Test API: `create` / `update` / `delete` (each bumps the resourceVersion), `comp
 open watch connections mid-stream without the terminating chunk), `send_bookmark`, `hidden_groups` (API groups
 answered as not installed: absent from discovery, 404 on requests), `reject_writes` (a predicate
 on a client's POST/PUT body; true answers 503 ServiceUnavailable). Binds 127.0.0.1 port 0.
+
+TokenReview (`POST /apis/authentication.k8s.io/v1/tokenreviews`): `tokens` maps a bearer token to the user
+name the review reports (with its `audiences`, when set in `token_audiences`); any other token is answered
+`authenticated: false`. `token_review_failures` > 0 answers that many reviews with 500 first.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ RESOURCES: dict[str, Resource] = {
         Resource("leases", "Lease", "coordination.k8s.io", "v1"),
     )
 }
+
+
+TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 
 
 @dataclass
@@ -126,7 +133,10 @@ class FakeApiServer:
         self.hidden_groups: set[str] = set()  # API groups discovery and requests treat as not installed
         # (plural, body) -> True to answer a client's POST/PUT with 503 instead of storing it
         self.reject_writes: Callable[[str, dict[str, Any]], bool] | None = None
-        self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch") -> count
+        self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch"|"create") -> count
+        self.tokens: dict[str, str] = {}  # bearer token -> user name reported by TokenReview
+        self.token_audiences: dict[str, list[str]] = {}  # bearer token -> audiences it is valid for
+        self.token_review_failures = 0
         self._open: dict[tuple[str, str], int] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -351,7 +361,43 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
     def do_POST(self) -> None:
+        if urlsplit(self.path).path.rstrip("/") == TOKEN_REVIEW_PATH:
+            self._token_review()
+            return
         self._write_request(post=True)
+
+    def _token_review(self) -> None:
+        fake = self.server_fake
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) if length else b"")
+            token = body["spec"]["token"]
+            wanted = body["spec"].get("audiences") or []
+        except (ValueError, KeyError, TypeError) as e:
+            self._send_json(400, _status(400, "BadRequest", f"invalid TokenReview: {e}"))
+            return
+        fake._count("tokenreviews", "create")
+        with fake._cond:
+            if fake.token_review_failures > 0:
+                fake.token_review_failures -= 1
+                failing = True
+            else:
+                failing = False
+            user = fake.tokens.get(token)
+            audiences = fake.token_audiences.get(token, [])
+        if failing:
+            self._send_json(500, _status(500, "InternalError", "etcd is unavailable"))
+            return
+        if user is not None and wanted and not set(wanted) & set(audiences):
+            user = None
+        status: dict[str, Any] = {"authenticated": user is not None}
+        if user is not None:
+            status["user"] = {"username": user, "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, user)), "groups": []}
+            status["audiences"] = wanted or audiences
+        else:
+            status["error"] = "invalid bearer token"
+        answer = {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1", "spec": body["spec"]}
+        self._send_json(201, {**answer, "status": status})
 
     def do_PUT(self) -> None:
         self._write_request(post=False)

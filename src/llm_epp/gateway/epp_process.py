@@ -64,6 +64,8 @@ class EppProcess:
         ]
         if "--grpc-port" not in self.args:
             cmd += ["--grpc-port", "0"]
+        if not any(a.startswith("--drain-timeout") for a in self.args):
+            cmd += ["--drain-timeout", "0s"]  # stop() at once unless a test exercises the drain
         env = {**os.environ, **(self.env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
