@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
 import yaml
 
-from llm_epp.api.v1 import picker_pb2, picker_pb2_grpc
+from llm_epp.api.v1 import picker_pb2
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
