@@ -17,7 +17,7 @@ import grpc
 from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
-from llm_epp.datalayer.runtime import MetricsRuntime
+from llm_epp.datalayer.runtime import MetricsRuntime, ReachabilityProbe
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.observability import (
@@ -324,6 +324,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 background.append(tg.create_task(c.file_watcher.run()))
             if c.metrics_runtime is not None:
                 background.append(tg.create_task(c.metrics_runtime.run()))
+            else:  # no metrics scraped: a dead endpoint is still taken out of the candidate set
+                background.append(tg.create_task(ReachabilityProbe(c.datastore).run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
             leadership = None
