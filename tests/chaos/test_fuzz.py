@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +28,12 @@ from tests.unit.extproc.fake_envoy import (
 )
 
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/generate", "/", "/x?y=1"]
-FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# `make bench-chaos` raises the example count (LLM_EPP_FUZZ_EXAMPLES); `make test` keeps it to seconds.
+FUZZ = settings(
+    max_examples=int(os.environ.get("LLM_EPP_FUZZ_EXAMPLES", "80")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 _HARNESSES: dict[int, Harness] = {}
 
 
