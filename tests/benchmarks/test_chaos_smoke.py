@@ -18,8 +18,14 @@ pytestmark = pytest.mark.envoy
 def test_chaos_smoke_writes_a_well_formed_report(tmp_path: Path) -> None:
     report = tmp_path / "chaos.md"
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", "--duration", "5", "--kill-every", "2", "--rate", "10"]
-        + ["--output", str(report)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.chaos",
+            *("--duration", "5", "--kill-every", "2", "--rate", "10"),
+            "--output",
+            str(report),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
