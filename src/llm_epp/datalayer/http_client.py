@@ -491,6 +491,7 @@ class HTTPConnection:
             raise
         finally:
             self._busy = False
+            self._connecting = False
 
     async def _exchange(self, request: bytes) -> Response:
         proto = self._proto
@@ -516,9 +517,10 @@ class HTTPConnection:
                 server_hostname=self._server_hostname,
             )
         except OSError as e:  # refused, unreachable, DNS (gaierror), TLS handshake (SSLError)
-            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {e}") from e
-        finally:
             self._connecting = False
+            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {e}") from e
+        # (a cancelled connect leaves _connecting set, for get() to tell a connect timeout; get() resets it)
+        self._connecting = False
         self._proto = proto
         self.connects += 1
         return proto
