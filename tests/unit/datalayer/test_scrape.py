@@ -174,7 +174,7 @@ async def test_https_with_insecure_skip_verify(tls_context: ssl.SSLContext) -> N
 
 async def test_a_connect_that_never_completes_is_a_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """A blackholed address (SYNs dropped) cannot be made on loopback, so the connect itself is made to hang."""
-    from llm_epp.datalayer.scrape import Scraper, ScrapeError, unreachable
+    from llm_epp.datalayer.scrape import unreachable
 
     loop = asyncio.get_running_loop()
 
