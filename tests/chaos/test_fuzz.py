@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,14 +35,11 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-_HARNESSES: dict[int, Harness] = {}
 
 
 def harness_for(max_body: int) -> Harness:
-    """One harness per body limit, reused across examples: what leaks from one example shows in the next."""
-    if max_body not in _HARNESSES:
-        _HARNESSES[max_body] = Harness("10.0.0.1:8000,10.0.0.2:8000", max_body=max_body)
-    return _HARNESSES[max_body]
+    """A fresh harness per example, so a leak is reported with the script that caused it."""
+    return Harness("10.0.0.1:8000,10.0.0.2:8000", max_body=max_body)
 
 
 json_values = st.recursive(
@@ -100,7 +98,8 @@ def _message(kind: str, data: bytes, eos: bool, mode: int) -> Any:
     return response_trailers_msg()
 
 
-KINDS = ["headers", "body", "trailers", "response_headers", "response_body", "response_trailers"]
+# Envoy sends request_headers once per stream, first; a second one is tested on its own below.
+KINDS = ["body", "trailers", "response_headers", "response_body", "response_trailers"]
 VALID = json.dumps({"model": "m", "prompt": "hello"}).encode()
 chunks = st.one_of(
     st.just(VALID),
@@ -115,7 +114,7 @@ def _well_ordered(data: st.DataObject) -> list[tuple[str, bytes, bool]]:
     """A valid request, with random splits of its body, then a random response."""
     cut = data.draw(st.integers(min_value=0, max_value=len(VALID)))
     script = [("headers", b"", False), ("body", VALID[:cut], False), ("body", VALID[cut:], True)]
-    script += data.draw(st.lists(st.tuples(st.sampled_from(KINDS[3:]), chunks, st.booleans()), max_size=4))
+    script += data.draw(st.lists(st.tuples(st.sampled_from(KINDS[2:]), chunks, st.booleans()), max_size=4))
     return script
 
 
@@ -153,7 +152,18 @@ def test_random_message_orders_never_crash_or_leak(
 @given(data=st.data(), cancel=st.booleans())
 def test_valid_requests_with_random_responses_release_exactly_once(data: st.DataObject, cancel: bool) -> None:
     harness = harness_for(16 << 20)
-    completed = len(harness.recorder.completed)
     asyncio.run(_run(harness, _well_ordered(data), FDS, cancel))
     _assert_nothing_leaked(harness)
-    assert len(harness.recorder.completed) - completed <= 1
+    assert len(harness.recorder.completed) <= 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="extproc/servicer.py starts a new request on a second request_headers message and never releases the "
+    "first one's reservation: anyone who can open an ext_proc stream to the EPP can leak in-flight load",
+)
+def test_a_second_request_headers_message_releases_the_first_request() -> None:
+    harness = harness_for(1024)
+    script = [("headers", b"", False), ("body", VALID, True), ("headers", b"", False)]
+    asyncio.run(_run(harness, script, FDS, cancel=False))
+    _assert_nothing_leaked(harness)

@@ -114,7 +114,7 @@ def test_tokens_on_the_ext_proc_port_leases_capped_and_memory_bounded(
                 assert info.value.code() == code
             auth = (("authorization", f"Bearer {TOKEN}"),)
             assert len(s.ListEndpoints(pb.ListEndpointsRequest(), metadata=auth, timeout=10).endpoints) == 3
-            body = json.dumps({"model": "m", "prompt": "z" * (2 << 20)}).encode()  # 2 MiB per lease
+            body = json.dumps({"model": "m", "prompt": "z" * (3 << 20)}).encode()  # 3 MiB per lease
             before = rss_bytes(stack.epp.pid)
             granted = refused = 0
             for _ in range(cap + 20):
@@ -126,8 +126,9 @@ def test_tokens_on_the_ext_proc_port_leases_capped_and_memory_bounded(
                     refused += 1
             growth = rss_bytes(stack.epp.pid) - before
         assert (granted, refused) == (cap, 20)
-        # 40 leases holding their 2 MiB bodies (bytes + decoded prompt) would add well over 100 MiB
-        assert growth < 48 << 20, f"EPP memory grew by {growth >> 20} MiB for {cap} leases"
+        # 40 leases holding their 3 MiB bodies (the bytes and the decoded prompt) would add over 240 MiB; what
+        # remains is the allocator keeping freed request buffers (RSS is noisy on a loaded machine)
+        assert growth < 100 << 20, f"EPP memory grew by {growth >> 20} MiB for {cap} leases"
         in_flight = sum(stack.epp.metric_value("inference_objective_running_requests", model_name=m) for m in ("m",))
         assert in_flight == cap  # the leases hold their load; the refused Picks hold nothing
         assert fake.count("tokenreviews", "create") <= 4  # answers are cached
