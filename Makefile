@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-overhead: $(STAMP)  # added latency and EPP CPU vs Envoy round robin and s
 
 bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scrape cost (~10 min)
 	$(BIN)/python -m benchmarks.scale
+
+bench-chaos: $(STAMP)  # pods killed under load and a drain, through real Envoy; then the fuzz suite at 20x (~5 min)
+	$(BIN)/python -m benchmarks.chaos --output benchmarks/results/chaos.md
+	LLM_EPP_FUZZ_EXAMPLES=1600 $(BIN)/pytest -q tests/chaos/test_fuzz.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,7 @@ import grpc
 from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
-from llm_epp.datalayer.runtime import MetricsRuntime
+from llm_epp.datalayer.runtime import MetricsRuntime, ReachabilityProbe
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.parsing import Parser
@@ -37,7 +37,9 @@ from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, 
 from llm_epp.observability.stream_metrics import StreamMetrics
 from llm_epp.observability.tracing import build_tracer, shutdown_tracer, with_plugin_spans
 from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
-from llm_epp.pickapi import PickServicer
+from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi.auth import Authenticator, AuthSettings, PickApiGuard, TokenReviewer
+from llm_epp.pickapi.servicer import LeaseFinisher
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
@@ -153,6 +155,13 @@ def build(opts: Options) -> Components:
         director,
         datastore.snapshot,
         plugins=config.plugins.values(),
+        leases=LeaseTable(
+            LeaseFinisher(director),
+            default_ttl_s=opts.pick_api_lease_ttl,
+            max_ttl_s=opts.pick_api_max_lease_ttl,
+            max_leases=opts.pick_api_max_leases,
+            max_leases_per_caller=opts.pick_api_max_leases_per_caller,
+        ),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
     runtime = None
@@ -212,6 +221,13 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _cert_and_key(opts: Options) -> tuple[bytes, bytes]:
+    try:
+        return load_cert_dir(opts.cert_path) if opts.cert_path else self_signed()
+    except CertificateError as e:
+        raise StartupError(str(e)) from None
+
+
 def _in_cluster_client() -> Any:
     """An ApiClient from the pod's service account, None outside a cluster (the process-wide kubernetes
     configuration is left alone)."""
@@ -264,15 +280,97 @@ def _metrics_server(opts: Options, c: Components, api: Any) -> tuple[MetricsHttp
 
 
 def _kubernetes_client(opts: Options) -> Any:
-    if not opts.pool_name and not opts.endpoint_selector:
+    if not opts.pool_name and not opts.endpoint_selector and not (opts.enable_pick_api and opts.pick_api_token_review):
         return None
     from llm_epp.k8s import api_client_from_environment
 
     try:
         return api_client_from_environment()
     except Exception as e:  # any credentials problem is a startup error with its reason
-        flag = "--pool-name" if opts.pool_name else "--endpoint-selector"
+        flag = (
+            "--pool-name"
+            if opts.pool_name
+            else "--endpoint-selector"
+            if opts.endpoint_selector
+            else "--pick-api-token-review"
+        )
         raise StartupError(f"{flag} needs Kubernetes credentials (in-cluster or kubeconfig): {e}") from None
+
+
+def _pick_api_guard(opts: Options, api: Any, leases: LeaseTable) -> PickApiGuard:
+    reviewer: TokenReviewer | None = None
+    if opts.pick_api_token_review:
+        from llm_epp.k8s.tokenreview import KubernetesTokenReviewer
+
+        audiences = [a.strip() for a in opts.pick_api_token_audiences.split(",") if a.strip()]
+        reviewer = KubernetesTokenReviewer(api, audiences)
+    accounts = tuple(a.strip() for a in opts.pick_api_allowed_service_accounts.split(",") if a.strip())
+    try:
+        settings = AuthSettings(
+            require_client_cert=bool(opts.pick_api_client_ca_file),
+            token_reviewer=reviewer,
+            allowed_service_accounts=accounts,
+        )
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+    return PickApiGuard(Authenticator(settings), leases)
+
+
+def _pick_api_credentials(opts: Options) -> grpc.ServerCredentials | None:
+    """The API's own port: mTLS when a client CA is given, else the ext_proc port's TLS setting."""
+    if not opts.pick_api_client_ca_file:
+        return _credentials(opts)
+    try:
+        ca = Path(opts.pick_api_client_ca_file).read_bytes()
+    except OSError as e:
+        raise StartupError(
+            f"cannot read --pick-api-client-ca-file {opts.pick_api_client_ca_file}: {e.strerror}"
+        ) from None
+    if b"-----BEGIN CERTIFICATE-----" not in ca:
+        raise StartupError(f"--pick-api-client-ca-file {opts.pick_api_client_ca_file} holds no PEM certificate")
+    cert, key = _cert_and_key(opts)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+class _Signals:
+    """First SIGTERM/SIGINT starts the drain (`stop`); a second one cuts it short (`force`)."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.force = asyncio.Event()
+
+    def __call__(self) -> None:
+        if self.stop.is_set():
+            log.info("second stop signal: ending the drain now")
+            self.force.set()
+        else:
+            self.stop.set()
+
+
+async def _drain(
+    servers: list[grpc.aio.Server], health: HealthState, drain_timeout: float, force: asyncio.Event
+) -> None:
+    """The reference's graceful shutdown: report not ready at once (liveness stays serving) and keep
+    serving new and in-flight streams for `drain_timeout`, so the gateway moves to another replica
+    while nothing is refused; then stop accepting and give in-flight streams up to `drain_timeout`
+    more to finish. A second signal ends either phase at once."""
+    health.draining = True
+    log.info("draining drain_timeout=%.1fs (not ready; still serving)", drain_timeout)
+    if drain_timeout > 0 and not force.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(force.wait(), drain_timeout)
+    grace = 0.0 if force.is_set() else drain_timeout
+    log.info("drain window over: refusing new streams, in-flight streams get up to %.1fs", grace)
+    stopping: asyncio.Future[Any] = asyncio.gather(*(s.stop(grace) for s in servers))
+    forced: asyncio.Future[Any] = asyncio.ensure_future(force.wait())
+    try:
+        await asyncio.wait((stopping, forced), return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():
+            await asyncio.gather(*(s.stop(None) for s in servers))
+        await stopping
+    finally:
+        forced.cancel()
+    log.info("stopped")
 
 
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
@@ -280,9 +378,19 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     api = _kubernetes_client(opts)  # before any listener starts, so a credentials error leaks nothing
     metrics, metrics_api = _metrics_server(opts, c, api)  # may refuse to start: before any listener too
     stop = stop or asyncio.Event()
-    interceptors = [StreamMetrics(c.recorder.registry).interceptor()] if opts.enable_grpc_stream_metrics else []
+    signals = _Signals(stop)
+    guard = _pick_api_guard(opts, api, c.pick.leases) if opts.enable_pick_api else None
+    shared_guard = guard is not None and not opts.pick_api_port
+    interceptors: list[Any] = []
+    if opts.enable_grpc_stream_metrics:
+        interceptors.append(StreamMetrics(c.recorder.registry).interceptor())
+    if shared_guard:
+        interceptors.append(guard)
     server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
-    server.add_generic_rpc_handlers((c.servicer.handler(), c.pick.handler()))
+    handlers: list[grpc.GenericRpcHandler] = [c.servicer.handler()]
+    if shared_guard:
+        handlers.append(c.pick.handler())
+    server.add_generic_rpc_handlers(tuple(handlers))
     if opts.health_checking:
         add_health_service(server, c.health)
     address = f"{opts.bind_address}:{opts.grpc_port}"
@@ -291,6 +399,24 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError as e:
         raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
+    servers = [server]
+    pick_port = port if shared_guard else 0
+    if guard is not None and opts.pick_api_port:
+        pick_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
+        pick_server.add_generic_rpc_handlers((c.pick.handler(),))
+        pick_address = f"{opts.bind_address}:{opts.pick_api_port}"
+        pick_creds = _pick_api_credentials(opts)
+        try:
+            if pick_creds is not None:
+                pick_port = pick_server.add_secure_port(pick_address, pick_creds)
+            else:
+                pick_port = pick_server.add_insecure_port(pick_address)
+        except RuntimeError as e:
+            raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
+        servers.append(pick_server)
+    if guard is not None and opts.pick_api_token_review and not (pick_port != port and opts.pick_api_client_ca_file):
+        if not opts.secure_serving:
+            log.warning("pick_api_tokens_over_plaintext: bearer tokens travel unencrypted; use --secure-serving")
     try:
         health_server, health_port = await start_health_server(opts.bind_address, opts.grpc_health_port, c.health)
     except RuntimeError as e:
@@ -300,26 +426,30 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     except OSError as e:
         await health_server.stop(None)
         raise StartupError(f"cannot listen on port {opts.metrics_port} for metrics: {e.strerror}") from None
-    await server.start()
+    for s in servers:
+        await s.start()
     c.health.synced = c.datastore.synced
     log.info(
-        "serving grpc_port=%d health_port=%d metrics_port=%d tls=%s endpoints=%d",
+        "serving grpc_port=%d health_port=%d metrics_port=%d tls=%s endpoints=%d pick_api=%s",
         port,
         health_port,
         metrics.port,
         creds is not None,
         len(c.datastore),
+        f"port {pick_port}" if guard is not None else "off",
     )
     if opts.ports_file:
         ports = {"grpc": port, "health": health_port, "metrics": metrics.port}
+        if guard is not None:
+            ports["pick"] = pick_port
         await asyncio.to_thread(_write_ports, opts.ports_file, ports)
     loop = asyncio.get_running_loop()
-    discovery = _KubernetesDiscovery(api, opts, c, loop) if api is not None else None
+    discovery = _KubernetesDiscovery(api, opts, c, loop) if opts.pool_name or opts.endpoint_selector else None
     if discovery is not None:
         discovery.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signals)
     try:
         async with asyncio.TaskGroup() as tg:
             background = [tg.create_task(c.pick.leases.run())]
@@ -327,14 +457,22 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 background.append(tg.create_task(c.file_watcher.run()))
             if c.metrics_runtime is not None:
                 background.append(tg.create_task(c.metrics_runtime.run()))
+            else:  # no metrics scraped: a dead endpoint is still taken out of the candidate set
+                background.append(tg.create_task(ReachabilityProbe(c.datastore).run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
+            leadership = None
             if discovery is not None and discovery.elector is not None:
-                background.append(tg.create_task(discovery.follow_leadership()))
+                leadership = tg.create_task(discovery.follow_leadership())
+                background.append(leadership)
             await stop.wait()
             log.info("stopping")
-            c.health.synced = False
-            await server.stop(grace=5)  # Release calls during the grace period still land
+            if leadership is not None and discovery is not None:
+                # Hand the Lease over at once (a follower becomes ready while this replica drains); the
+                # pool this replica knows stays as it is until the end.
+                leadership.cancel()
+                await discovery.release_leadership()
+            await _drain(servers, c.health, opts.drain_timeout, signals.force)  # Release calls still land
             await health_server.stop(None)
             for task in background:  # cancelling the lease sweeper releases every outstanding lease
                 task.cancel()
@@ -429,6 +567,12 @@ class _KubernetesDiscovery:
                 c.datastore.clear()
                 c.datastore.synced = False  # clear() marks the store synced; a follower is not
                 c.health.synced = False
+
+    async def release_leadership(self) -> None:
+        """Ends the election now; a leader releases the Lease so a follower can take over."""
+        if self.elector is not None:
+            elector, self.elector = self.elector, None
+            await asyncio.to_thread(elector.stop)
 
     async def stop(self) -> None:
         if self.objectives is not None:

@@ -397,10 +397,81 @@ def _serve_parser(p: _Parser) -> None:
         metavar="=true|false",
         help="with https: skip certificate verification",
     )
+    _pick_api_and_shutdown_flags(p)
     for action in p._actions:  # short placeholders keep --help readable
         if action.metavar is None and action.option_strings and action.nargs is None:
             action.metavar = _metavar(action)
     p.pflag = True
+
+
+def _non_negative_duration(value: str) -> float:
+    from llm_epp.framework.durations import parse_go_duration
+
+    try:
+        seconds = parse_go_duration(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 0s, 500ms or 30s, got {value!r}")
+    return seconds
+
+
+def _pick_api_and_shutdown_flags(p: argparse.ArgumentParser) -> None:
+    """The direct-routing API (off by default; authenticated when on) and the SIGTERM drain."""
+    api = p.add_argument_group("direct-routing API (llm_epp.v1.EndpointPicker; off unless enabled)")
+    _bool_flag(
+        api,  # type: ignore[arg-type]
+        "--enable-pick-api",
+        False,
+        "serve Pick/Release/ListEndpoints; needs --pick-api-client-ca-file and/or --pick-api-token-review",
+    )
+    api.add_argument(
+        "--pick-api-port",
+        type=int,
+        default=0,
+        help="own port for the API (needed for mTLS); 0 = on the ext_proc port, token authentication only",
+    )
+    api.add_argument(
+        "--pick-api-client-ca-file",
+        default="",
+        help="PEM CA bundle: callers must present a client certificate it signed (mTLS; needs --pick-api-port)",
+    )
+    _bool_flag(
+        api,  # type: ignore[arg-type]
+        "--pick-api-token-review",
+        False,
+        "callers send 'authorization: Bearer <service-account token>', checked with a Kubernetes TokenReview",
+    )
+    api.add_argument(
+        "--pick-api-allowed-service-accounts",
+        default="",
+        help="with --pick-api-token-review: namespace/name[,namespace/*] of the service accounts allowed",
+    )
+    api.add_argument(
+        "--pick-api-token-audiences", default="", help="audiences the tokens must carry (comma list; default any)"
+    )
+    api.add_argument(
+        "--pick-api-max-leases", type=int, default=10_000, help="outstanding leases in total (default 10000)"
+    )
+    api.add_argument(
+        "--pick-api-max-leases-per-caller",
+        type=int,
+        default=1_000,
+        help="outstanding leases of one authenticated caller (default 1000)",
+    )
+    api.add_argument(
+        "--pick-api-lease-ttl", type=_duration, default=60.0, help="lease lifetime when a Pick asks for none (60s)"
+    )
+    api.add_argument(
+        "--pick-api-max-lease-ttl", type=_duration, default=600.0, help="longest lease lifetime granted (10m)"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_non_negative_duration,
+        default=30.0,
+        help="on SIGTERM: report not ready and keep serving this long, then stop accepting and give in-flight "
+        "streams as long again to finish (default 30s; 0 stops at once)",
+    )
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -454,7 +525,72 @@ def _options(args: argparse.Namespace) -> Options:
         tls_min_version=args.tls_min_version,
         tls_cipher_suites=tuple(s for s in args.tls_cipher_suites if s),
         allow_experimental_plugins=args.allow_experimental_plugins,
+        enable_pick_api=args.enable_pick_api,
+        pick_api_port=args.pick_api_port,
+        pick_api_client_ca_file=args.pick_api_client_ca_file,
+        pick_api_token_review=args.pick_api_token_review,
+        pick_api_token_audiences=args.pick_api_token_audiences,
+        pick_api_allowed_service_accounts=args.pick_api_allowed_service_accounts,
+        pick_api_max_leases=args.pick_api_max_leases,
+        pick_api_max_leases_per_caller=args.pick_api_max_leases_per_caller,
+        pick_api_lease_ttl=args.pick_api_lease_ttl,
+        pick_api_max_lease_ttl=args.pick_api_max_lease_ttl,
+        drain_timeout=args.drain_timeout,
     )
+
+
+def _pick_api_problems(opts: Options) -> list[str]:
+    given = [
+        name
+        for name, value in (
+            ("--pick-api-port", opts.pick_api_port),
+            ("--pick-api-client-ca-file", opts.pick_api_client_ca_file),
+            ("--pick-api-token-review", opts.pick_api_token_review),
+            ("--pick-api-allowed-service-accounts", opts.pick_api_allowed_service_accounts),
+            ("--pick-api-token-audiences", opts.pick_api_token_audiences),
+        )
+        if value
+    ]
+    if not opts.enable_pick_api:
+        return [f"{name} configures the direct-routing API: add --enable-pick-api" for name in given]
+    problems = []
+    if not opts.pick_api_client_ca_file and not opts.pick_api_token_review:
+        problems.append(
+            "--enable-pick-api needs client authentication: --pick-api-client-ca-file CA.pem (mTLS, with "
+            "--pick-api-port) and/or --pick-api-token-review with --pick-api-allowed-service-accounts"
+        )
+    if opts.pick_api_client_ca_file and not opts.pick_api_port:
+        problems.append(
+            "--pick-api-client-ca-file needs --pick-api-port: the ext_proc port cannot ask Envoy for client "
+            "certificates, so mTLS callers get their own port"
+        )
+    if opts.pick_api_port and opts.pick_api_port in (opts.grpc_port, opts.grpc_health_port, opts.metrics_port):
+        problems.append("--pick-api-port must differ from --grpc-port, --grpc-health-port and --metrics-port")
+    if not 0 <= opts.pick_api_port <= 65535:
+        problems.append("--pick-api-port must be between 0 and 65535")
+    if opts.pick_api_token_review:
+        from llm_epp.pickapi.auth import parse_service_account
+
+        accounts = [a for a in opts.pick_api_allowed_service_accounts.split(",") if a.strip()]
+        if not accounts:
+            problems.append(
+                "--pick-api-token-review needs --pick-api-allowed-service-accounts namespace/name[,...]: "
+                "a valid token alone would let every service account of the cluster in"
+            )
+        for entry in accounts:
+            try:
+                parse_service_account(entry)
+            except ValueError as e:
+                problems.append(f"--pick-api-allowed-service-accounts: {e}")
+    elif opts.pick_api_allowed_service_accounts or opts.pick_api_token_audiences:
+        problems.append(
+            "--pick-api-allowed-service-accounts and --pick-api-token-audiences need --pick-api-token-review"
+        )
+    if not 0 < opts.pick_api_max_leases_per_caller <= opts.pick_api_max_leases:
+        problems.append("lease caps must satisfy 0 < --pick-api-max-leases-per-caller <= --pick-api-max-leases")
+    if opts.pick_api_lease_ttl > opts.pick_api_max_lease_ttl:
+        problems.append("--pick-api-lease-ttl must not exceed --pick-api-max-lease-ttl")
+    return problems
 
 
 def _selector_problems(opts: Options) -> list[str]:
@@ -523,6 +659,7 @@ def check_options(opts: Options) -> list[str]:
             "--endpoints host:port,... or --endpoints-file FILE"
         )
     problems.extend(_selector_problems(opts))
+    problems.extend(_pick_api_problems(opts))
     if opts.ha_enable_leader_election and not opts.pool_name:
         problems.append(
             "--ha-enable-leader-election needs --pool-name (the Lease coordinates replicas serving one InferencePool)"

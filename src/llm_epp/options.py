@@ -61,3 +61,15 @@ class Options:
     tls_min_version: str = ""
     tls_cipher_suites: tuple[str, ...] = ()
     allow_experimental_plugins: bool = False
+    # --- direct-routing API access and graceful shutdown ---
+    enable_pick_api: bool = False
+    pick_api_port: int = 0  # 0: on the ext_proc port (token authentication only)
+    pick_api_client_ca_file: str = ""
+    pick_api_token_review: bool = False
+    pick_api_token_audiences: str = ""  # comma list
+    pick_api_allowed_service_accounts: str = ""  # comma list of namespace/name or namespace/*
+    pick_api_max_leases: int = 10_000
+    pick_api_max_leases_per_caller: int = 1_000
+    pick_api_lease_ttl: float = 60.0
+    pick_api_max_lease_ttl: float = 600.0
+    drain_timeout: float = 30.0

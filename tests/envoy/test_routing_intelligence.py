@@ -7,16 +7,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
 import yaml
 
-from llm_epp.api.v1 import picker_pb2, picker_pb2_grpc
+from llm_epp.api.v1 import picker_pb2
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
+from tests.support.pickapi import PickApiAccess
 
 pytestmark = pytest.mark.envoy
 
@@ -38,8 +38,15 @@ class Gateway:
         pool.write_text(yaml.safe_dump({"endpoints": endpoints}))
         cfg = tmp / "epp.yaml"
         cfg.write_text(config)
+        self.pick_api = PickApiAccess(tmp)
         self.epp = EppProcess(
-            "--endpoints-file", str(pool), "--config-file", str(cfg), "--secure-serving=false", *extra_args
+            "--endpoints-file",
+            str(pool),
+            "--config-file",
+            str(cfg),
+            "--secure-serving=false",
+            *self.pick_api.args,
+            *extra_args,
         ).start()
         opts = EnvoyConfigOptions(
             listen_port=0, admin_port=0, epp_port=self.epp.grpc_port, epp_tls=False, failure_mode="FailClose"
@@ -191,10 +198,10 @@ schedulingProfiles:
 """
 
 
-def _wait_for_scraped_adapters(epp: EppProcess, expected: dict[str, list[str]]) -> None:
+def _wait_for_scraped_adapters(gw: Gateway, expected: dict[str, list[str]]) -> None:
     """Polls the EPP's ListEndpoints until every endpoint's scraped LoRA adapters are as expected."""
-    with grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
-        stub = picker_pb2_grpc.EndpointPickerStub(channel)
+    with gw.pick_api.channel() as channel:
+        stub = gw.pick_api.stub(channel)
         deadline = time.monotonic() + 20
         while True:
             seen = {
@@ -214,7 +221,7 @@ def test_lora_requests_prefer_the_endpoint_with_the_adapter_loaded(backends: Bac
     backends[2].lora_adapters = ["a", "b", "c", "d"]  # full: max_loras 4
     gw = Gateway(backends, tmp_path, LORA_CONFIG)
     try:
-        _wait_for_scraped_adapters(gw.epp, {"a": ["other-lora"], "b": ["sql-lora"], "c": ["a", "b", "c", "d"]})
+        _wait_for_scraped_adapters(gw, {"a": ["other-lora"], "b": ["sql-lora"], "c": ["a", "b", "c", "d"]})
         with httpx.Client(timeout=30) as c:
             sql = [gw.post(c, f"q{i}", model="sql-lora").headers["x-backend-name"] for i in range(20)]
             new = [gw.post(c, f"q{i}", model="new-lora").headers["x-backend-name"] for i in range(20)]
@@ -240,9 +247,9 @@ schedulingProfiles:
 """
 
 
-def _scraped(epp: EppProcess) -> dict[str, tuple[bool, float, int]]:
-    with grpc.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
-        stub = picker_pb2_grpc.EndpointPickerStub(channel)
+def _scraped(gw: Gateway) -> dict[str, tuple[bool, float, int]]:
+    with gw.pick_api.channel() as channel:
+        stub = gw.pick_api.stub(channel)
         reply = stub.ListEndpoints(picker_pb2.ListEndpointsRequest())
     return {e.name: (e.has_metrics, e.metrics_age_seconds, e.metrics.waiting_queue_size) for e in reply.endpoints}
 
@@ -253,14 +260,14 @@ def test_scraped_queue_depths_steer_traffic_and_failing_metrics_go_stale(backend
     gw = Gateway(backends, tmp_path, STALE_AWARE_CONFIG)
     try:
         deadline = time.monotonic() + 20
-        while {name: q for name, (has, _, q) in _scraped(gw.epp).items() if has} != {"a": 0, "b": 5, "c": 20}:
+        while {name: q for name, (has, _, q) in _scraped(gw).items() if has} != {"a": 0, "b": 5, "c": 20}:
             assert time.monotonic() < deadline, "queue depths were never scraped"
             time.sleep(0.05)
         with httpx.Client(timeout=30) as c:
             before = [gw.post(c, f"{i} distinct prompt {i}").headers["x-backend-name"] for i in range(20)]
         backends[0].metrics_failing = True  # the least loaded endpoint's /metrics starts failing
         deadline = time.monotonic() + 20
-        while _scraped(gw.epp)["a"][1] < 1.0:  # its last good scrape ages past the 500 ms threshold
+        while _scraped(gw)["a"][1] < 1.0:  # its last good scrape ages past the 500 ms threshold
             assert time.monotonic() < deadline, "the failing endpoint's metrics never aged"
             time.sleep(0.05)
         with httpx.Client(timeout=30) as c:

@@ -15,11 +15,11 @@ open watch connections mid-stream without the terminating chunk), `send_bookmark
 answered as not installed: absent from discovery, 404 on requests), `reject_writes` (a predicate
 on a client's POST/PUT body; true answers 503 ServiceUnavailable). Binds 127.0.0.1 port 0.
 
-Delegated authentication and authorization, as the metrics endpoint uses them: POST
-`authentication.k8s.io/v1` `tokenreviews` authenticates the tokens added with `add_token` (anything else is
-unauthenticated), and POST `authorization.k8s.io/v1` `subjectaccessreviews` allows a non-resource request when
-`grant` gave its verb on its path to the user or one of its groups. `review_failures` > 0 answers that many
-review requests with 500. Each review is counted in `requests` as (plural, "create").
+Delegated authentication and authorization: POST `authentication.k8s.io/v1` `tokenreviews` authenticates the
+tokens added with `add_token` (with its audiences, when given; anything else is unauthenticated), and POST
+`authorization.k8s.io/v1` `subjectaccessreviews` allows a non-resource request when `grant` gave its verb on
+its path to the user or one of its groups. `review_failures` > 0 answers that many review requests with 500.
+Each review is counted in `requests` as (plural, "create").
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ class FakeApiServer:
         self.reject_writes: Callable[[str, dict[str, Any]], bool] | None = None
         self.requests: dict[tuple[str, str], int] = {}  # (plural, "list"|"watch"|"create") -> count
         self.tokens: dict[str, dict[str, Any]] = {}  # bearer token -> TokenReview status.user
+        self.token_audiences: dict[str, list[str]] = {}  # bearer token -> audiences it is valid for
         self.grants: set[tuple[str, str, str]] = set()  # (user or group, verb, non-resource path)
         self.review_failures = 0
         self._open: dict[tuple[str, str], int] = {}
@@ -300,9 +301,14 @@ class FakeApiServer:
             created = self._write(plural, body, create=current is None)
         return (201 if current is None else 200), created
 
-    def add_token(self, token: str, username: str, groups: tuple[str, ...] = (), uid: str = "") -> None:
+    def add_token(
+        self, token: str, username: str, groups: tuple[str, ...] = (), uid: str = "", audiences: tuple[str, ...] = ()
+    ) -> None:
         with self._cond:
-            self.tokens[token] = {"username": username, "uid": uid or str(uuid.uuid4()), "groups": list(groups)}
+            uid = uid or str(uuid.uuid5(uuid.NAMESPACE_OID, username))
+            self.tokens[token] = {"username": username, "uid": uid, "groups": list(groups)}
+            if audiences:
+                self.token_audiences[token] = list(audiences)
 
     def grant(self, subject: str, path: str, verb: str = "get") -> None:
         """Lets the user or group `subject` use `verb` on the non-resource URL `path`."""
@@ -317,10 +323,18 @@ class FakeApiServer:
                 return 500, _status(500, "InternalError", "review backend unavailable")
             spec = body.get("spec") or {}
             if plural == "tokenreviews":
-                user = self.tokens.get(str(spec.get("token", "")))
+                token = str(spec.get("token", ""))
+                user = self.tokens.get(token)
+                wanted = spec.get("audiences") or []
+                audiences = self.token_audiences.get(token, [])
+                if user is not None and wanted and not set(wanted) & set(audiences):
+                    user = None  # not issued for any audience the reviewer asked for
                 status: dict[str, Any] = {"authenticated": user is not None}
                 if user is not None:
                     status["user"] = copy.deepcopy(user)
+                    status["audiences"] = wanted or audiences
+                else:
+                    status["error"] = "invalid bearer token"
                 kind, version = "TokenReview", "authentication.k8s.io/v1"
             else:
                 attrs = spec.get("nonResourceAttributes") or {}

@@ -243,6 +243,15 @@ def test_defaults_are_the_references() -> None:
     assert (opts.grpc_max_recv_msg_size, opts.tls_min_version, opts.tls_cipher_suites) == (0, "", ())
 
 
+# --- direct-routing API and drain ------------------------------------------------------------------------------
+def test_the_pick_api_is_off_and_the_drain_is_the_references_by_default() -> None:
+    opts = parse("--endpoints", "10.0.0.1:8000")
+    assert opts.enable_pick_api is False
+    assert opts.drain_timeout == 30.0
+    assert opts.pick_api_lease_ttl == 60.0
+    assert cli.check_options(opts) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
@@ -334,3 +343,65 @@ def test_help_groups_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     for group in ("serving:", "observability:", "endpoint discovery", "deprecated"):
         assert group in out
     assert "--total-queued-requests-metric" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--pick-api-token-review"], "add --enable-pick-api"),
+        (["--pick-api-port", "9100"], "add --enable-pick-api"),
+        (["--enable-pick-api"], "needs client authentication"),
+        (["--enable-pick-api", "--pick-api-client-ca-file", "ca.pem"], "needs --pick-api-port"),
+        (["--enable-pick-api", "--pick-api-token-review"], "needs --pick-api-allowed-service-accounts"),
+        (
+            ["--enable-pick-api", "--pick-api-token-review", "--pick-api-allowed-service-accounts", "batch"],
+            "namespace/name",
+        ),
+        (
+            ["--enable-pick-api", "--pick-api-client-ca-file", "ca.pem", "--pick-api-port", "9002"],
+            "must differ from --grpc-port",
+        ),
+        (
+            [
+                "--enable-pick-api",
+                "--pick-api-client-ca-file",
+                "c",
+                "--pick-api-port",
+                "9100",
+                "--pick-api-max-leases",
+                "5",
+            ],
+            "--pick-api-max-leases-per-caller <= --pick-api-max-leases",
+        ),
+    ],
+    ids=[
+        "token-without-enable",
+        "port-without-enable",
+        "enable-without-auth",
+        "ca-on-the-ext-proc-port",
+        "tokens-without-allowed-accounts",
+        "malformed-account",
+        "port-clash",
+        "caps",
+    ],
+)
+def test_pick_api_misconfigurations_are_explained(argv: list[str], fragment: str) -> None:
+    problems = cli.check_options(parse("--endpoints", "10.0.0.1:8000", *argv))
+    assert any(fragment in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--enable-pick-api", "--pick-api-token-review", "--pick-api-allowed-service-accounts", "batch/*"],
+        ["--enable-pick-api", "--pick-api-client-ca-file", "ca.pem", "--pick-api-port", "9100"],
+    ],
+    ids=["tokens-on-the-ext-proc-port", "mtls-on-its-own-port"],
+)
+def test_authenticated_pick_api_configurations_are_accepted(argv: list[str]) -> None:
+    assert cli.check_options(parse("--endpoints", "10.0.0.1:8000", *argv)) == []
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0s", 0.0), ("0", 0.0), ("90s", 90.0)], ids=str)
+def test_drain_timeout_accepts_zero(value: str, seconds: float) -> None:
+    assert parse("--endpoints", "10.0.0.1:8000", "--drain-timeout", value).drain_timeout == seconds

@@ -19,6 +19,7 @@ class Datastore:
         self._by_hostport: dict[str, Endpoint] = {}
         self.synced = False
         self._listeners: list[Callable[[], None]] = []
+        self._unreachable: set[EndpointKey] = set()
 
     # --- discovery ----------------------------------------------------------------------------------
     def replace_all(self, endpoints: Iterable[EndpointMetadata]) -> None:
@@ -52,13 +53,37 @@ class Datastore:
             self._metrics[key] = metrics
             self._snapshot = None
 
+    # --- reachability ---------------------------------------------------------------------------------
+    def set_reachable(self, key: EndpointKey, ok: bool) -> None:
+        """Marks an endpoint the data layer cannot connect to (refused, connect timeout): it leaves the
+        snapshot, so no request is sent to it, until it is marked reachable again. While every endpoint is
+        unreachable the snapshot keeps them all (better a chance than certain failure)."""
+        changed = (key in self._unreachable) != (not ok)
+        if ok:
+            self._unreachable.discard(key)
+        elif key in self._metadata:
+            self._unreachable.add(key)
+        else:
+            changed = False
+        if changed:
+            self._snapshot = None
+
+    def is_reachable(self, key: EndpointKey) -> bool:
+        return key not in self._unreachable
+
+    def _included(self) -> Iterable[tuple[EndpointKey, EndpointMetadata]]:
+        items = self._metadata.items()
+        if not self._unreachable or len(self._unreachable) >= len(self._metadata):
+            return items
+        return [(k, m) for k, m in items if k not in self._unreachable]
+
     # --- reads ----------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[Endpoint, ...]:
-        """All endpoints with their latest metrics; cached until something changes."""
+        """All reachable endpoints with their latest metrics; cached until something changes."""
         snap = self._snapshot
         if snap is None:
             snap = tuple(
-                Endpoint(m, self._metrics.get(k, EMPTY_METRICS), self._load_of(k)) for k, m in self._metadata.items()
+                Endpoint(m, self._metrics.get(k, EMPTY_METRICS), self._load_of(k)) for k, m in self._included()
             )
             self._snapshot = snap
             self._by_hostport = {e.hostport: e for e in snap}
@@ -92,5 +117,6 @@ class Datastore:
 
     def _changed(self) -> None:
         self._snapshot = None
+        self._unreachable &= self._metadata.keys()  # an endpoint that leaves and returns starts reachable
         for cb in self._listeners:
             cb()

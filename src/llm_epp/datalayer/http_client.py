@@ -51,7 +51,10 @@ class ConnectError(HTTPClientError):
 
 
 class HTTPTimeoutError(HTTPClientError):
-    """No complete response (connection included) within the request's timeout."""
+    """No complete response (connection included) within the request's timeout. `connecting`: the time
+    ran out before a connection was established."""
+
+    connecting = False
 
 
 class ConnectionClosedError(HTTPClientError):
@@ -451,6 +454,7 @@ class HTTPConnection:
         ).encode("ascii")  # UnicodeEncodeError (a ValueError) for a non-ASCII host
         self._proto: _Protocol | None = None
         self._busy = False
+        self._connecting = False
         self._path: str | None = None
         self._request = b""
 
@@ -477,13 +481,17 @@ class HTTPConnection:
             async with asyncio.timeout(timeout):
                 return await self._exchange(self._request)
         except TimeoutError:
+            connecting = self._connecting
             self._drop()
-            raise HTTPTimeoutError(f"no complete response from {self.host}:{self.port} in time") from None
+            err = HTTPTimeoutError(f"no complete response from {self.host}:{self.port} in time")
+            err.connecting = connecting
+            raise err from None
         except BaseException:  # our errors, and cancellation mid-exchange: the connection is out of step
             self._drop()
             raise
         finally:
             self._busy = False
+            self._connecting = False
 
     async def _exchange(self, request: bytes) -> Response:
         proto = self._proto
@@ -499,6 +507,7 @@ class HTTPConnection:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        self._connecting = True
         try:
             _, proto = await loop.create_connection(
                 lambda: _Protocol(loop, self.max_body),
@@ -508,7 +517,10 @@ class HTTPConnection:
                 server_hostname=self._server_hostname,
             )
         except OSError as e:  # refused, unreachable, DNS (gaierror), TLS handshake (SSLError)
+            self._connecting = False
             raise ConnectError(f"cannot connect to {self.host}:{self.port}: {e}") from e
+        # (a cancelled connect leaves _connecting set, for get() to tell a connect timeout; get() resets it)
+        self._connecting = False
         self._proto = proto
         self.connects += 1
         return proto

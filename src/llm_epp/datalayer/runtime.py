@@ -7,11 +7,18 @@ Per endpoint: the first poll is jittered over one interval, then polls run every
 scraper's deadline. A failing endpoint is retried with a backoff doubling up to `max_backoff`. Failures
 are logged once per change of reason; the endpoint's metrics are then simply not refreshed, and
 `Metrics.update_time` (monotonic seconds) lets every consumer see how old they are (`is_stale`).
+
+An endpoint nothing can connect to (connection refused, connect timeout, host unreachable) is dead, not
+just unmeasured: it is marked unreachable in the datastore at its first such failure, which takes it out
+of the candidate set (within one poll: at once when refused, after the 1 s deadline when connects hang).
+Its poller keeps probing it with the backoff (at most `max_backoff`, 1 s), and the first successful
+scrape puts it back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import random
 import time
@@ -21,7 +28,7 @@ from typing import Protocol
 
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.exposition import ExpositionError, parse
-from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession
+from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession, unreachable
 from llm_epp.framework.datalayer import DEFAULT_STALENESS, DataSource, Extractor, is_stale
 from llm_epp.framework.types import EMPTY_METRICS, EndpointKey, EndpointMetadata, Metrics
 
@@ -57,6 +64,7 @@ class EndpointState:
     polls: int = 0
     failures: int = 0
     streak: int = 0  # consecutive failures
+    unreachable: bool = False  # marked so in the datastore (nothing could connect)
 
 
 @dataclass
@@ -221,6 +229,10 @@ class MetricsRuntime:
             return self._failed(md, url, state, f"nothing extracted: {problems}")
         state.metrics = result.metrics
         self._datastore.update_metrics(md.key, result.metrics)
+        if state.unreachable:
+            state.unreachable = False
+            self._datastore.set_reachable(md.key, True)
+            log.info("endpoint_reachable endpoint=%s", md.key)
         if state.failure is not None:
             log.info("scrape_recovered endpoint=%s after_failures=%d", md.key, state.streak)
             state.failure = None
@@ -240,6 +252,12 @@ class MetricsRuntime:
         if reason != state.failure:
             log.warning("scrape_failed endpoint=%s url=%s reason=%s", md.key, url, reason)
             state.failure = reason
+        if unreachable(reason) and not state.unreachable:
+            state.unreachable = True
+            self._datastore.set_reachable(md.key, False)
+            log.warning(
+                "endpoint_unreachable endpoint=%s reason=%s: no requests go to it until it answers", md.key, reason
+            )
         return False
 
     # --- pool gauges --------------------------------------------------------------------------------
@@ -271,3 +289,64 @@ class MetricsRuntime:
             n,
             {e.key.name: float(e.metrics.waiting_queue_size) for e in endpoints},
         )
+
+
+class ReachabilityProbe:
+    """For configurations that scrape no metrics: connects to every endpoint's port (TCP only, closed at
+    once) every `interval` seconds, and marks the endpoints nothing can connect to unreachable in the
+    datastore, as the metrics runtime does from its scrapes. An unreachable endpoint is probed again with
+    a backoff from `interval / 4` doubling to `interval`; the first connect that succeeds puts it back."""
+
+    def __init__(self, datastore: Datastore, *, interval: float = 1.0, timeout: float = DEFAULT_POLL_TIMEOUT) -> None:
+        if interval <= 0 or timeout <= 0:
+            raise ValueError("interval and timeout must be > 0")
+        self._datastore = datastore
+        self.interval = interval
+        self.timeout = timeout
+        self._next: dict[EndpointKey, tuple[float, float]] = {}  # key -> (next probe at, current backoff)
+        self.probes = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            endpoints = {m.key: m for m in self._datastore.metadata()}
+            for key in [k for k in self._next if k not in endpoints]:
+                del self._next[key]
+            due = [m for k, m in endpoints.items() if self._next.get(k, (0.0, 0.0))[0] <= now]
+            if due:
+                await asyncio.gather(*(self._probe(md) for md in due))
+            wake = min((at for at, _ in self._next.values()), default=now + self.interval)
+            await asyncio.sleep(min(max(wake - loop.time(), 0.01), self.interval))
+
+    async def _probe(self, md: EndpointMetadata) -> None:
+        loop = asyncio.get_running_loop()
+        self.probes += 1
+        ok = True
+        try:
+            async with asyncio.timeout(self.timeout):
+                _, writer = await asyncio.open_connection(md.address, md.port)
+            writer.close()
+        except (OSError, TimeoutError) as e:
+            ok = isinstance(e, OSError) and not _is_connect_failure(e)
+        was = self._datastore.is_reachable(md.key)
+        self._datastore.set_reachable(md.key, ok)
+        _, backoff = self._next.get(md.key, (0.0, self.interval / 4))
+        if ok:
+            self._next[md.key] = (loop.time() + self.interval, self.interval / 4)
+            if not was:
+                log.info("endpoint_reachable endpoint=%s", md.key)
+        else:
+            self._next[md.key] = (loop.time() + backoff, min(backoff * 2, self.interval))
+            if was:
+                log.warning("endpoint_unreachable endpoint=%s: no requests go to it until it answers", md.key)
+
+
+def _is_connect_failure(err: OSError) -> bool:
+    """Refused, host or network unreachable, timed out: nothing listens there."""
+    return isinstance(err, ConnectionRefusedError) or err.errno in (
+        errno.ECONNREFUSED,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ETIMEDOUT,
+    )

@@ -6,8 +6,9 @@ client does only what a scrape needs, because the CPU of the fetch bounds how ma
 keeps fresh (benchmarks/scrape_cost.py: httpx cost ~1-2 ms per poll of a 100 KB vLLM page).
 
 Each poll is bounded by a total deadline (1 s, as the reference). Every failure becomes a `ScrapeError`
-whose `reason` is short and stable ("HTTP 500", "timeout after 1s", "connection refused", ...) so the
-runtime can log a failing endpoint once per change of reason.
+whose `reason` is short and stable ("HTTP 500", "timeout after 1s", "connection refused", "connect timeout
+after 1s", ...) so the runtime can log a failing endpoint once per change of reason, and tell an endpoint
+nothing can connect to (`unreachable(reason)`) from one that answers badly.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from llm_epp.datalayer.http_client import (
     client_ssl_context,
 )
 
-__all__ = ["DEFAULT_POLL_TIMEOUT", "ScrapeError", "ScrapeSession", "Scraper"]
+__all__ = ["DEFAULT_POLL_TIMEOUT", "ScrapeError", "ScrapeSession", "Scraper", "unreachable"]
 
 DEFAULT_POLL_TIMEOUT = 1.0
 MAX_PAGE_BYTES = 16 << 20
@@ -64,6 +65,16 @@ def _connect_reason(err: BaseException) -> str:
     return f"cannot connect ({type(err.__cause__ or err).__name__})"
 
 
+_UNREACHABLE_PREFIXES = ("connection refused", "connect timeout", "cannot connect")
+
+
+def unreachable(reason: str) -> bool:
+    """Whether a scrape failure means no connection can be made to the endpoint (refused, connect timeout,
+    host or network unreachable), as opposed to a server that answers badly (HTTP errors, slow pages,
+    TLS or DNS problems)."""
+    return reason.startswith(_UNREACHABLE_PREFIXES)
+
+
 class Scraper:
     """Shared settings of all polls. `verify=False` skips TLS verification (insecureSkipVerify)."""
 
@@ -71,6 +82,7 @@ class Scraper:
         self.timeout = timeout
         self.verify = verify
         self._timeout_reason = f"timeout after {timeout:g}s"
+        self._connect_timeout_reason = f"connect timeout after {timeout:g}s"
         self._ssl: ssl.SSLContext | None = None
         self._default: ScrapeSession | None = None
 
@@ -115,7 +127,9 @@ class ScrapeSession:
         assert conn is not None
         try:
             response = await conn.get(self._path, self._scraper.timeout)
-        except HTTPTimeoutError:
+        except HTTPTimeoutError as e:
+            if e.connecting:
+                raise ScrapeError(self._scraper._connect_timeout_reason) from None
             raise ScrapeError(self._scraper._timeout_reason) from None
         except ConnectError as e:
             raise ScrapeError(_connect_reason(e)) from None

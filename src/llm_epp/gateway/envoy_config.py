@@ -41,6 +41,7 @@ from envoy.extensions.http.early_header_mutation.header_mutation.v3 import (  # 
 from envoy.extensions.resource_monitors.downstream_connections.v3 import (  # noqa: F401
     downstream_connections_pb2,
 )
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import json_format
@@ -80,6 +81,7 @@ _ROUTER_TYPE = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _HTTP_OPTIONS_TYPE = _TYPE + _HTTP_OPTIONS_KEY
 _UPSTREAM_TLS_TYPE = _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_PREVIOUS_HOSTS_TYPE = _TYPE + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _DOWNSTREAM_CONNECTIONS_TYPE = (
     _TYPE + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
@@ -296,15 +298,56 @@ def router_filter() -> dict[str, Any]:
     return {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}
 
 
+# Retries of a request whose bytes never reached a model server (connect failure, refused stream, reset
+# before the request was sent), each on another host. Envoy retries inside the router filter: the ext_proc
+# filter does not run again, so a retry cannot re-ask the EPP, and on the `pool` cluster (ORIGINAL_DST, the
+# host comes from the EPP's decision) it would hit the same dead pod. They are therefore set only on routes
+# to a round-robin cluster (the fallback list, and --no-epp), together with outlier detection there.
+_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+
+
+def retry_policy() -> dict[str, Any]:
+    return {
+        "retry_on": _RETRY_ON,
+        "num_retries": 2,
+        "retry_host_predicate": [
+            {"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {"@type": _PREVIOUS_HOSTS_TYPE}}
+        ],
+        "host_selection_retry_max_attempts": 5,
+    }
+
+
+def outlier_detection() -> dict[str, Any]:
+    """Ejects a round-robin host at its first connect failure (local origin), for 5 s doubling up to 60 s,
+    so a dead pod on the fallback list stops getting traffic; 5xx answers eject nothing."""
+    return {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 1,
+        "enforcing_consecutive_local_origin_failure": 100,
+        "consecutive_5xx": 1000000,
+        "enforcing_consecutive_5xx": 0,
+        "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0,
+        "enforcing_local_origin_success_rate": 0,
+        "interval": "1s",
+        "base_ejection_time": "5s",
+        "max_ejection_time": "60s",
+        "max_ejection_percent": 50,
+    }
+
+
 def _route(name: str, match: dict[str, Any], cluster: str, opts: EnvoyConfigOptions) -> dict[str, Any]:
+    action: dict[str, Any] = {
+        "cluster": cluster,
+        "timeout": _duration(opts.route_timeout_s),
+        "idle_timeout": _duration(opts.route_timeout_s),
+    }
+    if cluster != POOL_CLUSTER or opts.no_epp:
+        action["retry_policy"] = retry_policy()
     return {
         "name": name,
         "match": match,
-        "route": {
-            "cluster": cluster,
-            "timeout": _duration(opts.route_timeout_s),
-            "idle_timeout": _duration(opts.route_timeout_s),
-        },
+        "route": action,
         # Tells the EPP (on response_headers) which endpoint actually served the request.
         "response_headers_to_add": [
             {
@@ -474,6 +517,7 @@ def round_robin_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]
         "lb_policy": "ROUND_ROBIN",
         "connect_timeout": _CONNECT_TIMEOUT,
         "circuit_breakers": _circuit_breakers(),
+        "outlier_detection": outlier_detection(),
         "load_assignment": _load_assignment(name, parsed),
     }
 

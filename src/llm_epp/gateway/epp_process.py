@@ -66,6 +66,8 @@ class EppProcess:
             cmd += ["--grpc-port", "0"]
         if not any(a.startswith("--tracing") for a in self.args):
             cmd.append("--tracing=false")  # a loopback stack has no collector; the default exporter is the console
+        if not any(a.startswith("--drain-timeout") for a in self.args):
+            cmd += ["--drain-timeout", "0s"]  # stop() at once unless a test exercises the drain
         env = {**os.environ, **(self.env or {})}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

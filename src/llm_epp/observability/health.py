@@ -1,8 +1,9 @@
 """`grpc.health.v1.Health` with the reference EPP's semantics (`cmd/epp/runner/health.go`).
 
-"Live" means the pool has synced. Without leader election any service name is SERVING iff synced. With
-leader election `liveness` is always SERVING (followers must not be restarted), the readiness names are
-SERVING iff synced and leader, and other names get SERVICE_UNKNOWN. `Watch` is UNIMPLEMENTED.
+"Live" means the pool has synced. Without leader election any service name is SERVING iff synced and not
+draining. With leader election `liveness` is always SERVING (followers must not be restarted, nor a replica
+that drains), the readiness names are SERVING iff synced, leader and not draining, and other names get
+SERVICE_UNKNOWN. Draining starts on SIGTERM (`--drain-timeout`). `Watch` is UNIMPLEMENTED.
 
 The two messages are tiny, so they are (de)serialised by hand instead of depending on
 grpcio-health-checking: HealthCheckRequest{1: string service}, HealthCheckResponse{1: enum status},
@@ -41,14 +42,15 @@ class HealthState:
     synced: bool = False
     leader_election: bool = False
     is_leader: bool = False
+    draining: bool = False  # set on SIGTERM: not ready while the servers keep serving
 
     def status(self, service: str) -> int:
         if not self.leader_election:
-            return SERVING if self.synced else NOT_SERVING
+            return SERVING if self.synced and not self.draining else NOT_SERVING
         if service == LIVENESS:
-            return SERVING
+            return SERVING  # also while draining, so the pod is not restarted mid-drain
         if service in _READY_NAMES:
-            return SERVING if self.synced and self.is_leader else NOT_SERVING
+            return SERVING if self.synced and self.is_leader and not self.draining else NOT_SERVING
         return SERVICE_UNKNOWN
 
     def listed_services(self) -> tuple[str, ...]:
@@ -167,12 +169,13 @@ def add_health_service(server: grpc.aio.Server, state: HealthState) -> None:
                 log.log(TRACE, "health_check_serving service=%r", service)
         else:
             log.info(
-                "health_check_not_serving service=%r status=%s synced=%s leader_election=%s is_leader=%s",
+                "health_check_not_serving service=%r status=%s synced=%s leader_election=%s is_leader=%s draining=%s",
                 service,
                 _STATUS_NAMES.get(status, "SERVICE_UNKNOWN"),
                 state.synced,
                 state.leader_election,
                 state.is_leader,
+                state.draining,
             )
         return status
 

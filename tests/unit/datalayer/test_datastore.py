@@ -51,3 +51,23 @@ def test_listeners_hear_membership_changes_only() -> None:
     ds.upsert(md("b", 8001))
     ds.clear()
     assert calls == [1, 2, 0]
+
+
+def test_unreachable_endpoints_leave_the_snapshot_unless_all_are() -> None:
+    from llm_epp.framework import EndpointKey, EndpointMetadata
+
+    ds = Datastore()
+    a, b = (EndpointMetadata(EndpointKey("ns", n), "10.0.0.1", p) for n, p in (("a", 1), ("b", 2)))
+    ds.replace_all([a, b])
+    ds.set_reachable(a.key, False)
+    assert [e.key for e in ds.snapshot()] == [b.key]
+    assert ds.by_hostport("10.0.0.1:1") is None
+    ds.set_reachable(b.key, False)
+    assert {e.key for e in ds.snapshot()} == {a.key, b.key}  # none reachable: keep them all
+    ds.set_reachable(a.key, True)
+    assert [e.key for e in ds.snapshot()] == [a.key]
+    ds.delete(b.key)
+    ds.upsert(b)  # a returning endpoint starts reachable
+    assert {e.key for e in ds.snapshot()} == {a.key, b.key}
+    ds.set_reachable(EndpointKey("ns", "gone"), False)  # unknown keys are ignored
+    assert len(ds.snapshot()) == 2

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from llm_epp.datalayer.datastore import Datastore
-from llm_epp.datalayer.runtime import EndpointState, MetricsRuntime
+from llm_epp.datalayer.runtime import EndpointState, MetricsRuntime, ReachabilityProbe
+from llm_epp.datalayer.scrape import unreachable
 from llm_epp.framework import EndpointKey, EndpointMetadata, Metrics, TypedName
 from llm_epp.framework.datalayer import Extraction, ScrapedPage, is_stale
 from llm_epp.plugins.datalayer.core_metrics_extractor import CoreMetricsExtractor
@@ -175,8 +176,10 @@ async def test_a_broken_endpoint_goes_stale_with_one_logged_reason_while_others_
         await eventually(lambda: state_of(runtime, "bad").failures >= 3)
         updates_before = metrics_of(ds, "good").update_time
         await eventually(lambda: metrics_of(ds, "good").update_time > updates_before)
-    assert metrics_of(ds, "bad").update_time == 0.0
+    assert state_of(runtime, "bad").metrics.update_time == 0.0
     assert runtime.is_stale(EndpointKey("ns", "bad"))
+    # only an endpoint nothing can connect to leaves the candidate set; one that answers badly stays
+    assert ({e.key.name for e in ds.snapshot()} == {"good"}) is (reason == "connection refused")
     assert not runtime.is_stale(EndpointKey("ns", "good"))
     failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scrape_failed")]
     assert len(failures) == 1, failures
@@ -307,7 +310,7 @@ async def test_pool_gauges_average_fresh_endpoints(servers: Callable[[Route], Aw
     assert pool == "my-pool"
     assert kv == pytest.approx(0.4)
     assert (queue, run, ready) == (4.0, 2.0, 2)
-    assert per_pod == {"a": 2.0, "b": 6.0, "dead": 0.0}
+    assert per_pod == {"a": 2.0, "b": 6.0}  # the refused endpoint is out of the pool's candidates
 
 
 async def test_pool_gauges_with_no_fresh_endpoint_and_explicit_pool_name() -> None:
@@ -408,3 +411,89 @@ async def test_a_crashed_poller_is_logged_and_the_others_keep_going(
         await eventually(lambda: metrics_of(ds, "fine").update_time > 0)
         await eventually(lambda: any("scrape_poller_crashed" in r.getMessage() for r in caplog.records))
     assert metrics_of(ds, "broken").update_time == 0.0
+
+
+# --- reachability ------------------------------------------------------------------------------------------
+async def _listen(port: int, body: bytes) -> asyncio.Server:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                head = f"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {len(body)}\r\n\r\n"
+                writer.write(head.encode() + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", port)
+
+
+async def test_a_refused_endpoint_leaves_the_candidates_at_once_and_returns_when_it_answers(
+    servers: Callable[[Route], Awaitable[PageServer]], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    good = await servers(Route(page("vllm.txt")))
+    port = free_port()
+    ds = Datastore()
+    ds.upsert(endpoint("good", good.port))
+    ds.upsert(endpoint("dead", port))
+    runtime = make_runtime(ds, max_backoff=0.1)
+    async with running(runtime):
+        await eventually(lambda: state_of(runtime, "dead").failures >= 1)
+        assert {e.key.name for e in ds.snapshot()} == {"good"}  # out after its first refused scrape
+        failures = state_of(runtime, "dead").failures
+        await eventually(lambda: state_of(runtime, "dead").failures >= failures + 3)  # still probed
+        assert {e.key.name for e in ds.snapshot()} == {"good"}
+        server = await _listen(port, b"vllm:num_requests_waiting 2\n")
+        try:
+            await eventually(lambda: {e.key.name for e in ds.snapshot()} == {"good", "dead"})
+            assert metrics_of(ds, "dead").waiting_queue_size == 2
+        finally:
+            server.close()
+            await server.wait_closed()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("endpoint_unreachable endpoint=ns/dead") for m in messages) == 1
+    assert sum(m.startswith("endpoint_reachable endpoint=ns/dead") for m in messages) == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "dead"),
+    [
+        ("connection refused", True),
+        ("connect timeout after 1s", True),
+        ("cannot connect (EHOSTUNREACH)", True),
+        ("timeout after 1s", False),
+        ("HTTP 503", False),
+        ("TLS error", False),
+        ("unknown host", False),
+    ],
+    ids=str,
+)
+def test_which_scrape_failures_mean_nothing_can_connect(reason: str, dead: bool) -> None:
+    assert unreachable(reason) is dead
+
+
+async def test_without_metrics_a_tcp_probe_takes_dead_endpoints_out_and_back() -> None:
+    live = await _listen(0, b"")
+    port = free_port()
+    ds = Datastore()
+    ds.upsert(endpoint("live", live.sockets[0].getsockname()[1]))
+    ds.upsert(endpoint("dead", port))
+    probe = ReachabilityProbe(ds, interval=0.1, timeout=0.5)
+    task = asyncio.create_task(probe.run())
+    try:
+        await eventually(lambda: {e.key.name for e in ds.snapshot()} == {"live"})
+        server = await _listen(port, b"")
+        try:
+            await eventually(lambda: {e.key.name for e in ds.snapshot()} == {"live", "dead"})
+        finally:
+            server.close()
+            await server.wait_closed()
+        await eventually(lambda: {e.key.name for e in ds.snapshot()} == {"live"})
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        live.close()
+        await live.wait_closed()

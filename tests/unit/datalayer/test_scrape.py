@@ -170,3 +170,21 @@ async def test_https_with_insecure_skip_verify(tls_context: ssl.SSLContext) -> N
         finally:
             await insecure.aclose()
             await verifying.aclose()
+
+
+async def test_a_connect_that_never_completes_is_a_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blackholed address (SYNs dropped) cannot be made on loopback, so the connect itself is made to hang."""
+    from llm_epp.datalayer.scrape import unreachable
+
+    loop = asyncio.get_running_loop()
+
+    async def hang(*args: object, **kwargs: object) -> None:
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(loop, "create_connection", hang)
+    scraper = Scraper(timeout=0.2)
+    with pytest.raises(ScrapeError) as info:
+        await scraper.fetch("http://127.0.0.1:9/metrics")
+    await scraper.aclose()
+    assert info.value.reason == "connect timeout after 0.2s"
+    assert unreachable(info.value.reason)

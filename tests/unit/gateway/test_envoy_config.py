@@ -701,3 +701,27 @@ def test_live_fail_open_follows_epp_health(pool: BackendPool) -> None:
         for _ in range(3):
             resp = _completion(client, envoy.url())
             assert (resp.status_code, resp.headers["x-backend-name"]) == (200, "A")
+
+
+def test_retries_and_outlier_detection_only_where_another_host_can_be_chosen() -> None:
+    doc = build_bootstrap(EnvoyConfigOptions(fallback_endpoints=FALLBACK))
+    routes = {r["name"]: r["route"] for r in _routes(doc)}
+    # a retry does not run ext_proc again: on the EPP-picked route it would reach the same pod
+    assert "retry_policy" not in routes["epp-picked"]
+    policy = routes["fallback"]["retry_policy"]
+    assert set(policy["retry_on"].split(",")) == {"connect-failure", "refused-stream", "reset-before-request"}
+    assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    assert clusters["pool-fallback"]["outlier_detection"]["consecutive_local_origin_failure"] == 1
+    assert "outlier_detection" not in clusters["pool"]
+
+
+def test_live_fallback_retries_a_dead_pod_on_another(pool: BackendPool) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    opts = _live_opts(
+        epp_port=free_port(), epp_tls=False, failure_mode="FailOpen", fallback_endpoints=(dead, *pool.addresses)
+    )
+    with EnvoyProcess(build_bootstrap(opts)) as envoy, _client() as client:
+        statuses = [_completion(client, envoy.url()).status_code for _ in range(12)]
+    assert statuses == [200] * 12  # each attempt on the dead pod was retried on a live one
+    assert sum(pool.served_counts().values()) == 12

@@ -182,3 +182,22 @@ async def test_malformed_request_fails_the_call(client: Client) -> None:
     )
     with pytest.raises(grpc.aio.AioRpcError):
         await raw(b"\x0a\x05ab", timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("leader_election", "service", "expected"),
+    [
+        (False, "", NOT_SERVING),
+        (False, "liveness", NOT_SERVING),  # without leader election every name follows readiness
+        (True, "liveness", SERVING),  # not restarted mid-drain
+        (True, "readiness", NOT_SERVING),
+        (True, "", NOT_SERVING),
+        (True, "envoy.service.ext_proc.v3.ExternalProcessor", NOT_SERVING),
+    ],
+    ids=["plain", "plain-liveness", "le-liveness", "le-readiness", "le-empty", "le-ext-proc"],
+)
+def test_draining_is_not_ready_but_live(leader_election: bool, service: str, expected: int) -> None:
+    state = HealthState(synced=True, leader_election=leader_election, is_leader=True)
+    assert state.status(service) == SERVING
+    state.draining = True
+    assert state.status(service) == expected

@@ -131,3 +131,47 @@ async def test_run_expires_leases_and_releases_the_rest_when_cancelled(
         await sweeper
     assert finisher.finished == [("due", False), ("later", False)]
     assert len(table) == 0
+
+
+# --- caps and reservations ---------------------------------------------------------------------------------
+def capped(finisher: Finisher, clock: FakeClock) -> LeaseTable:
+    return LeaseTable(finisher, clock=clock, max_leases=3, max_leases_per_caller=2)
+
+
+def test_reservations_count_against_the_caps_and_grants_use_them(finisher: Finisher, clock: FakeClock) -> None:
+    from llm_epp.pickapi.leases import CURRENT_RESERVATION, LeaseLimitError
+
+    t = capped(finisher, clock)
+    a1 = t.reserve("a")
+    t.reserve("a")
+    with pytest.raises(LeaseLimitError, match="--pick-api-max-leases-per-caller 2"):
+        t.reserve("a")
+    t.reserve("b")
+    with pytest.raises(LeaseLimitError, match="--pick-api-max-leases 3"):
+        t.reserve("c")
+    token = CURRENT_RESERVATION.set(a1)
+    try:
+        lease = t.grant(record("r1"))
+    finally:
+        CURRENT_RESERVATION.reset(token)
+    assert lease.caller == "a" and t.held_by("a") == 2
+    t.unreserve(a1)  # already used by the grant: no effect
+    assert t.held_by("a") == 2
+    assert t.take(lease.lease_id) is not None
+    assert t.held_by("a") == 1
+
+
+def test_expiry_and_shutdown_free_the_callers_slots(finisher: Finisher, clock: FakeClock) -> None:
+    t = capped(finisher, clock)
+    t.grant(record("r1"), ttl_s=1)
+    t.grant(record("r2"), ttl_s=100)
+    assert t.held_by("") == 2
+    clock.now += 2
+    assert t.sweep() == 1 and t.held_by("") == 1
+    assert t.release_all() == 1 and t.held_by("") == 0
+
+
+@pytest.mark.parametrize(("total", "per_caller"), [(0, 0), (5, 6), (5, 0)], ids=str)
+def test_invalid_caps_are_refused(finisher: Finisher, total: int, per_caller: int) -> None:
+    with pytest.raises(ValueError, match="lease caps"):
+        LeaseTable(finisher, max_leases=total, max_leases_per_caller=per_caller)

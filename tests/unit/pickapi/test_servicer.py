@@ -17,6 +17,7 @@ from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.static import parse_endpoint_list
 from llm_epp.framework import EndpointKey, EppError, ErrorCode, Metrics, NullRecorder, TypedName
 from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi.leases import DEFAULT_TTL_S
 from llm_epp.pickapi.servicer import LeaseFinisher, grpc_code
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.parsers import default_parsers
@@ -166,7 +167,7 @@ async def test_pick_returns_an_endpoint_of_the_pool_and_scores_for_every_candida
     assert totals == sorted(totals, reverse=True)
     assert r.scores[0].total == max(totals)
     assert r.lease_id
-    assert r.lease_expires_in_seconds == 300
+    assert r.lease_expires_in_seconds == DEFAULT_TTL_S
     assert r.rewritten_body == b""
 
 

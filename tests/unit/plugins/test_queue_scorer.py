@@ -48,3 +48,37 @@ def test_identity_and_category() -> None:
     scorer = mod.factory("q", Params(), FakeHandle())
     assert scorer.typed_name == TypedName("queue-scorer", "q")
     assert scorer.category is ScorerCategory.DISTRIBUTION
+
+
+def _with_load(ep, requests: int):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from llm_epp.framework import InFlightLoad
+
+    return replace(ep, load=InFlightLoad(requests=requests))
+
+
+def test_requests_sent_since_the_scrape_count_until_the_next_scrape() -> None:
+    scorer = QueueScorer()
+    a, b = endpoint("a", queue=0, updated=1.0), endpoint("b", queue=0, address="10.0.0.2", updated=1.0)
+    assert scorer.score(CycleState(), request(), [a, b]) == {a.key: 1.0, b.key: 1.0}
+    a.load.requests += 2  # two requests sent to a; the scrape cannot show them yet
+    assert scorer.score(CycleState(), request(), [a, b]) == {a.key: 0.0, b.key: 1.0}
+    b.load.requests += 2
+    assert scorer.score(CycleState(), request(), [a, b]) == {a.key: 1.0, b.key: 1.0}  # 2 sent to each
+    # the next scrape shows what it shows (here: a still idle, b one waiting); what was sent before is in it
+    a2, b2 = (
+        _with_load(endpoint("a", queue=0, updated=2.0), 2),
+        _with_load(endpoint("b", queue=1, address="10.0.0.2", updated=2.0), 1),
+    )
+    assert scorer.score(CycleState(), request(), [a2, b2]) == {a2.key: 1.0, b2.key: 0.0}
+
+
+def test_requests_in_flight_before_the_scrape_are_not_counted_twice() -> None:
+    scorer = QueueScorer()
+    busy = _with_load(endpoint("a", queue=3, running=5, updated=7.0), 8)  # the scrape shows these 8
+    idle = endpoint("b", queue=0, address="10.0.0.2", updated=7.0)
+    assert scorer.score(CycleState(), request(), [busy, idle]) == {busy.key: 0.0, idle.key: 1.0}
+    for _ in range(3):
+        idle.load.requests += 1
+    assert scorer.score(CycleState(), request(), [busy, idle]) == {busy.key: 1.0, idle.key: 1.0}  # 3 vs 3
