@@ -40,7 +40,7 @@ def root() -> Path:
 
 # Flags the chart renders for some values that `llm-epp serve` is still gaining (they exist upstream). A
 # render may pass them; the chart's default render must not. Matched with fnmatch against the flag name.
-FLAGS_IN_FLIGHT = ("--drain-timeout",)
+FLAGS_IN_FLIGHT: tuple[str, ...] = ()
 
 
 def parse_epp_args(args: list[str], *, allow_in_flight: bool = False) -> Any:

@@ -426,7 +426,7 @@ def test_http_route() -> None:
 
 @pytest.mark.parametrize(
     ("flags", "grace"),
-    [({}, 130), ({"drain-timeout": "30s"}, 130), ({"drain-timeout": "90s"}, 190), ({"drain-timeout": "3m"}, 280)],
+    [({}, 130), ({"drain-timeout": "30s"}, 130), ({"drain-timeout": "90s"}, 190), ({"drain-timeout": "3m"}, 370)],
 )
 def test_termination_grace_covers_the_drain(flags: dict[str, str], grace: int) -> None:
     objs = objects(values(**{"inferenceExtension.flags": {"v": 1, **flags}}))

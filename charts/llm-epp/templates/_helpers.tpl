@@ -127,8 +127,9 @@ guides use to override a boolean the chart sets) is passed as it is. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Seconds the EPP needs to stop: the graceful drain (--drain-timeout, 30s unless a flag sets it in
-seconds or minutes) plus 100 s for streams still running, and never below the reference chart's 130. */}}
+{{/* Seconds the EPP needs to stop: on SIGTERM it keeps serving for --drain-timeout (30s unless a flag sets it
+in seconds or minutes), then gives running streams as long again, so twice the drain plus 10 s; never below
+the reference chart's 130. */}}
 {{- define "llm-epp.terminationGracePeriodSeconds" -}}
 {{- $drain := 30 -}}
 {{- range (include "llm-epp.flagList" . | fromJsonArray) -}}
@@ -138,7 +139,7 @@ seconds or minutes) plus 100 s for streams still running, and never below the re
 {{- if regexMatch "^[0-9]+m$" $v -}}{{- $drain = mul (trimSuffix "m" $v | int) 60 -}}{{- end -}}
 {{- end -}}
 {{- end -}}
-{{- max 130 (add $drain 100) -}}
+{{- max 130 (add (mul $drain 2) 10) -}}
 {{- end -}}
 
 {{/* The engine-metric specs core-metrics-extractor has built in (kept in step by tests/deploy). */}}
