@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
+from llm_epp.composition import build_request_path
+from llm_epp.config import ConfigError, LoadedConfig
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime
@@ -30,8 +31,7 @@ from llm_epp.observability import (
 )
 from llm_epp.options import Options
 from llm_epp.pickapi import LeaseTable, PickServicer
-from llm_epp.plugins import builtin_registry
-from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
+from llm_epp.requestcontrol.director import Director
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
 
 log = logging.getLogger("llm_epp")
@@ -64,7 +64,18 @@ class Components:
 
 def build(opts: Options) -> Components:
     """Everything that does not listen on a port. Raises StartupError."""
-    datastore = Datastore(pool_name=opts.pool_name or ("standalone" if opts.endpoint_selector else "static"))
+    recorder = PrometheusRecorder()
+    try:
+        path = build_request_path(
+            recorder=recorder,
+            config_text=opts.config_text,
+            config_file=opts.config_file,
+            pool_name=opts.pool_name or ("standalone" if opts.endpoint_selector else "static"),
+            disable_subset_filter=opts.disable_endpoint_subset_filter,
+        )
+    except ConfigError as e:
+        raise StartupError(str(e)) from None
+    datastore, config, director, objectives = path.datastore, path.config, path.director, path.objectives
     watcher: EndpointsFileWatcher | None = None
     try:
         if opts.endpoints:
@@ -74,7 +85,6 @@ def build(opts: Options) -> Components:
             watcher.load()
     except EndpointSourceError as e:
         raise StartupError(str(e)) from None
-    objectives = ObjectivesStore()
     objectives_watcher: ObjectivesFileWatcher | None = None
     if opts.objectives_file:
         objectives_watcher = ObjectivesFileWatcher(opts.objectives_file, objectives)
@@ -82,29 +92,6 @@ def build(opts: Options) -> Components:
             objectives_watcher.load()
         except ValueError as e:
             raise StartupError(str(e)) from None
-    recorder = PrometheusRecorder()
-    registry = builtin_registry()
-    try:
-        if opts.config_file:
-            config = load_config(opts.config_file, registry, recorder, datastore.snapshot)
-        else:
-            config = load_config_text(opts.config_text or None, registry, recorder, datastore.snapshot)
-    except ConfigError as e:
-        raise StartupError(str(e)) from None
-    director = Director(
-        datastore.snapshot,
-        config.scheduler,
-        RequestPlugins(
-            prepare_data=config.prepare_data,
-            admission=config.admission,
-            pre_request=config.pre_request,
-            response_received=config.response_received,
-            response_complete=config.response_complete,
-        ),
-        recorder,
-        DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
-        saturation=config.saturation,
-    )
     servicer = ExtProcServicer(director, opts.max_request_body_bytes, enable_explain=opts.enable_explain)
     health = HealthState(synced=datastore.synced, leader_election=opts.ha_enable_leader_election)
     pick = PickServicer(

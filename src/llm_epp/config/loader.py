@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import random
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -23,9 +24,11 @@ from llm_epp.framework import (
     Picker,
     Plugin,
     ProfileHandler,
+    RandomSource,
     Recorder,
     Registry,
     Scorer,
+    os_random,
 )
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
@@ -115,11 +118,13 @@ class _LoaderHandle:
         endpoints: Callable[[], Sequence[Endpoint]],
         recorder: Recorder,
         clock: Callable[[], float],
+        random_source: RandomSource,
     ) -> None:
         self._plugins = plugins
         self._endpoints = endpoints
         self._recorder = recorder
         self._clock = clock
+        self._random_source = random_source
 
     @property
     def recorder(self) -> Recorder:
@@ -133,6 +138,9 @@ class _LoaderHandle:
 
     def now(self) -> float:
         return self._clock()
+
+    def rng(self, name: str) -> random.Random:
+        return self._random_source(f"plugin/{name}")
 
 
 def _loc(loc: Sequence[int | str]) -> str:
@@ -230,13 +238,17 @@ def load_config(
     registry: Registry,
     recorder: Recorder,
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
+    clock: Callable[[], float] = time.monotonic,
+    random_source: RandomSource = os_random,
 ) -> LoadedConfig:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(str(p), [f"cannot read the file: {e.strerror}"]) from None
-    return load_config_text(text, registry, recorder, endpoints, source=str(p))
+    return load_config_text(
+        text, registry, recorder, endpoints, source=str(p), clock=clock, random_source=random_source
+    )
 
 
 def load_config_text(
@@ -246,11 +258,13 @@ def load_config_text(
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
     source: str = "--config-text",
     clock: Callable[[], float] = time.monotonic,
+    random_source: RandomSource = os_random,
 ) -> LoadedConfig:
     """Parses and builds an EndpointPickerConfig (``None`` or blank: the default configuration).
 
     ``clock`` is what plugins get from ``handle.now()`` (monotonic seconds, the time base of
-    ``Metrics.update_time``); a simulator passes its virtual clock."""
+    ``Metrics.update_time``); a simulator passes its virtual clock.  ``random_source`` gives the plugins'
+    (``handle.rng(name)``) and the profiles' generators; a reproducible run passes ``seeded_random(seed)``."""
     if text is None or not text.strip():
         text, source = DEFAULT_CONFIG, "the default configuration"
     try:
@@ -260,14 +274,14 @@ def load_config_text(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
     if raw is None:  # only comments
-        return load_config_text(None, registry, recorder, endpoints, clock=clock)
+        return load_config_text(None, registry, recorder, endpoints, clock=clock, random_source=random_source)
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
     try:
         spec = EndpointPickerConfigSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(source, _schema_problems(err)) from None
-    return _build(spec, registry, recorder, endpoints, source, clock)
+    return _build(spec, registry, recorder, endpoints, source, clock, random_source)
 
 
 def _build(
@@ -277,6 +291,7 @@ def _build(
     endpoints: Callable[[], Sequence[Endpoint]],
     source: str,
     clock: Callable[[], float],
+    random_source: RandomSource,
 ) -> LoadedConfig:
     problems: list[str] = []
     for i, gate in enumerate(spec.feature_gates):
@@ -286,7 +301,7 @@ def _build(
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
-    handle = _LoaderHandle(plugins, endpoints, recorder, clock)
+    handle = _LoaderHandle(plugins, endpoints, recorder, clock, random_source)
     seen_names: set[str] = set()
     for i, ps in enumerate(spec.plugins):
         name = ps.name or ps.type
@@ -369,7 +384,7 @@ def _build(
                 types[auto_name] = "max-score-picker"
                 pickers = [auto]
         picker = pickers[0]
-        profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder)
+        profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder, random_source(f"profile/{pname}"))
         descriptions.append(
             ProfileDescription(
                 pname,

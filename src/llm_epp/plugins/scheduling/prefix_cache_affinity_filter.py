@@ -78,4 +78,6 @@ class PrefixCacheAffinityFilter:
 
 
 def factory(name: str, params: Params, handle: Handle) -> PrefixCacheAffinityFilter:
-    return PrefixCacheAffinityFilter(name, params.affinity_threshold, params.exploration_probability)
+    return PrefixCacheAffinityFilter(
+        name, params.affinity_threshold, params.exploration_probability, rng=handle.rng(name)
+    )
