@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-director proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ bench-overhead: $(STAMP)  # added latency and EPP CPU vs Envoy round robin and s
 
 bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scrape cost (~10 min)
 	$(BIN)/python -m benchmarks.scale
+
+bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoints, snapshot kept vs rebuilt (~5 min)
+	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

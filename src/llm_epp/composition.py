@@ -35,18 +35,19 @@ def build_request_path(
     config_text: str | None = None,
     config_file: str = "",
     pool_name: str = "",
+    datastore: Datastore | None = None,
     objectives: ObjectivesStore | None = None,
     disable_subset_filter: bool = False,
     clock: Callable[[], float] = time.monotonic,
     random_source: RandomSource = os_random,
     registry: Registry | None = None,
 ) -> RequestPath:
-    """Builds an empty endpoint store, loads the EndpointPickerConfig (`config_file`, else `config_text`;
+    """Builds an empty endpoint store called `pool_name` (or takes `datastore`), loads the EndpointPickerConfig (`config_file`, else `config_text`;
     neither: the default configuration) and wires the director to both.
 
     `clock` is the time plugins read (`handle.now()`); `random_source` gives every plugin, profile and the
     director its random generator (`seeded_random(seed)` for a reproducible run). Raises `ConfigError`."""
-    datastore = Datastore(pool_name=pool_name)
+    datastore = datastore if datastore is not None else Datastore(pool_name=pool_name)
     registry = registry or builtin_registry()
     if config_file:
         config = load_config(
