@@ -42,8 +42,9 @@ def build_request_path(
     random_source: RandomSource = os_random,
     registry: Registry | None = None,
 ) -> RequestPath:
-    """Builds an empty endpoint store called `pool_name` (or takes `datastore`), loads the EndpointPickerConfig (`config_file`, else `config_text`;
-    neither: the default configuration) and wires the director to both.
+    """Builds an empty endpoint store called `pool_name` (or takes `datastore`), loads the
+    EndpointPickerConfig (`config_file`, else `config_text`; neither: the default configuration) and wires
+    the director to both.
 
     `clock` is the time plugins read (`handle.now()`); `random_source` gives every plugin, profile and the
     director its random generator (`seeded_random(seed)` for a reproducible run). Raises `ConfigError`."""

@@ -324,6 +324,8 @@ class Cluster:
         self._wakeup: asyncio.TimerHandle | None = None
         self._wakeup_at = math.inf
         self._router: Router | None = None
+        self._handling = False
+        self._active: list[_Stage] = []
 
     @property
     def clock(self) -> float:
@@ -396,7 +398,7 @@ class Cluster:
     def _run_here(self, main: Coroutine[Any, Any, T], router: Router) -> T:
         loop = VirtualEventLoop(self._clock)
         self._loop, self._router = loop, router
-        self._wakeup, self._wakeup_at = None, math.inf
+        self._wakeup, self._wakeup_at, self._handling = None, math.inf, False
         router.bind_clock(self._clock)
         interval = router.scrape_interval
         if interval is not None:
@@ -427,12 +429,23 @@ class Cluster:
             n = next(self._seq)
             self._arrivals[n] = (routed, stage)
             self._push(at, _ARRIVAL, n)
-        await stage.done
+        self._active.append(stage)
+        try:
+            await stage.done
+        finally:
+            self._active.remove(stage)
         return stage.results
+
+    def _crash(self, error: BaseException) -> None:
+        """A bug in an event or a router: the run stops with it (instead of the loop logging it and the stage
+        never finishing)."""
+        for stage in self._active:
+            if not stage.done.done():
+                stage.done.set_exception(error)
 
     def _push(self, at: float, kind: int, index: int) -> None:
         heapq.heappush(self._events, (at, kind, index, next(self._seq)))
-        if at < self._wakeup_at:
+        if at < self._wakeup_at and not self._handling:
             self._arm()
 
     def _arm(self) -> None:
@@ -445,25 +458,37 @@ class Cluster:
             self._wakeup = self._loop.call_at(self._wakeup_at, self._next_event)
 
     def _next_event(self) -> None:
-        """Runs the earliest event, then waits for the next one (tasks the event woke run in between)."""
+        """Runs the earliest event, and the ones after it while the loop has nothing else to do before them;
+        then waits for the next one (tasks an event woke run in between)."""
         self._wakeup, self._wakeup_at = None, math.inf
-        at, kind, index, _ = heapq.heappop(self._events)
-        self._clock.advance_to(at)
-        if kind == _ENGINE:
-            if self._engine_due[index] == at:
-                self._engine_due[index] = None
-                self._advance(index, at)
-        elif kind == _SCRAPE:
-            router = self._router
-            assert router is not None and router.scrape_interval is not None
-            router.on_scrape(self.metrics(), at)
-            self._push(at + router.scrape_interval, _SCRAPE, 0)
-        else:
-            routed, stage = self._arrivals.pop(index)
-            assert self._loop is not None
-            self._loop.create_task(self._route(routed, stage, at))
-        if self._wakeup is None:
-            self._arm()
+        loop, events = self._loop, self._events
+        assert loop is not None
+        self._handling = True  # events pushed meanwhile are seen by the loop below, or armed at its end
+        try:
+            self._handle_events(loop, events)
+        except Exception as e:
+            self._crash(e)
+        self._handling = False
+        self._arm()
+
+    def _handle_events(self, loop: VirtualEventLoop, events: list[tuple[float, int, int, int]]) -> None:
+        while True:
+            at, kind, index, _ = heapq.heappop(events)
+            self._clock.advance_to(at)
+            if kind == _ENGINE:
+                if self._engine_due[index] == at:
+                    self._engine_due[index] = None
+                    self._advance(index, at)
+            elif kind == _SCRAPE:
+                router = self._router
+                assert router is not None and router.scrape_interval is not None
+                router.on_scrape(self.metrics(), at)
+                self._push(at + router.scrape_interval, _SCRAPE, 0)
+            else:
+                routed, stage = self._arrivals.pop(index)
+                loop.create_task(self._route(routed, stage, at))
+            if not events or not loop.idle_until(events[0][0]):
+                return
 
     def _advance(self, pod: int, now: float) -> None:
         """Advances ``pod``'s engine to ``now``, handles its events and schedules its next step."""
@@ -504,6 +529,12 @@ class Cluster:
 
     async def _route(self, routed: RoutedRequest, stage: _Stage, arrival: float) -> None:
         """One request: the router decides (possibly after virtual time), then the pod gets it."""
+        try:
+            await self._deliver(routed, stage, arrival)
+        except Exception as e:
+            self._crash(e)
+
+    async def _deliver(self, routed: RoutedRequest, stage: _Stage, arrival: float) -> None:
         router = self._router
         assert router is not None
         try:

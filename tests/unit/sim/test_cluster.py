@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_epp.plugins.scheduling.utilization_detector import UtilizationDetector
-from llm_epp.sim.cluster import ROUTERS, Cluster, EppRouter, RunResult, make_router
+from llm_epp.sim.cluster import ROUTERS, Cluster, EppRouter, RoundRobinRouter, RunResult, make_router
 from llm_epp.sim.profiles import TINY
 from llm_epp.sim.tokenizer import encode
 from llm_epp.sim.virtual_loop import VirtualClock
@@ -134,3 +134,17 @@ def test_run_trace_plays_requests_at_the_given_times() -> None:
     assert all(r.finish > r.first_token > r.arrival for r in results)
     with pytest.raises(ValueError, match="sorted"):
         Cluster(TINY, 2).run_trace(trace[::-1], make_router("round-robin", 2))
+
+
+class _BrokenRouter(RoundRobinRouter):
+    def pick(self, request, now):
+        if request.id == "req-2":
+            raise KeyError("a bug in the router")
+        return super().pick(request, now)
+
+
+def test_a_router_bug_stops_the_run_with_its_error() -> None:
+    workload = SharedPrefixWorkload(**SMALL)
+    trace = [(0.1 * k, workload.next_prompt()) for k in range(3)]
+    with pytest.raises(KeyError, match="a bug in the router"):
+        Cluster(TINY, 2).run_trace(trace, _BrokenRouter(2))
