@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scr
 bench-chaos: $(STAMP)  # pods killed under load and a drain, through real Envoy; then the fuzz suite at 20x (~5 min)
 	$(BIN)/python -m benchmarks.chaos --output benchmarks/results/chaos.md
 	LLM_EPP_FUZZ_EXAMPLES=1600 $(BIN)/pytest -q tests/chaos/test_fuzz.py
+
+bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoints, snapshot kept vs rebuilt (~5 min)
+	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,9 +1,9 @@
 """Routing quality in virtual time: the llm-d anchor workload through every router, on 8 pods and at scale.
 
-The simulated cluster (``llm_epp.sim.cluster``) runs the real llm-epp scheduler, plugins, configuration and
-prefix index against simulated vLLM pods on one discrete-event clock; metrics are "scraped" every 50 ms of
-virtual time, as in production.  Every router gets the same seeded arrival trace and the same prompt order
-(inference-perf's fixed shuffle), on fresh pods.
+The simulated cluster (``llm_epp.sim.cluster``) runs what ``llm-epp serve`` runs (endpoint store,
+configuration, director, plugins) against simulated vLLM pods on a virtual clock; the pods' metrics reach the
+endpoint store every 50 ms of virtual time, as in production.  Every router gets the same seeded arrival
+trace and the same prompt order (inference-perf's fixed shuffle), on fresh pods.
 
 Workload (llm-d v0.5 inference-scheduling guide): shared_prefix, 150 groups x 5 prompts, system prompt 6000 +
 question 1200 tokens -> 1000 output tokens (ignore_eos); inference-perf's stage protocol (each stage sends

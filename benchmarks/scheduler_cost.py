@@ -252,6 +252,9 @@ def measure_memory(total: int, window: int, seed: int, out: Callable[[str], None
         def now(self) -> float:
             return 0.0
 
+        def rng(self, name: str) -> random.Random:
+            return random.Random(name)
+
     producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", Params(), _Handle())
     index = producer.index
     work = Workload(rng, 1_000, system_share=0.6)

@@ -14,13 +14,13 @@ from typing import Any
 
 import grpc
 
-from llm_epp.config import ConfigError, LoadedConfig, load_config, load_config_text
+from llm_epp.composition import build_request_path
+from llm_epp.config import ConfigError, LoadedConfig
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime, ReachabilityProbe
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
-from llm_epp.framework.parsing import Parser
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
 from llm_epp.legacy_flags import apply_legacy_metrics_flags
 from llm_epp.observability import (
@@ -40,9 +40,7 @@ from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
 from llm_epp.pickapi import LeaseTable, PickServicer
 from llm_epp.pickapi.auth import Authenticator, AuthSettings, PickApiGuard, TokenReviewer
 from llm_epp.pickapi.servicer import LeaseFinisher
-from llm_epp.plugins import builtin_registry
-from llm_epp.plugins.parsers import default_parsers
-from llm_epp.requestcontrol.director import Director, DirectorOptions, RequestPlugins
+from llm_epp.requestcontrol.director import Director
 from llm_epp.security.cert_reload import CertReloader, check_pair
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
 from llm_epp.security.tls_policy import cipher_suites_in_effect
@@ -86,15 +84,30 @@ class Components:
     tracer: Tracer = NULL_TRACER
 
 
-def configured_parsers(config: LoadedConfig) -> list[Parser]:
-    """The parsers named by `requestHandler.parsers` (or GIE's `parser`), in their order; llm-d-router's default
-    list (openai-parser, then passthrough-parser as the fallback) when the configuration names none."""
-    return list(config.parsers) or default_parsers()
-
-
 def build(opts: Options) -> Components:
     """Everything that does not listen on a port. Raises StartupError."""
     datastore = Datastore(pool_name=opts.pool_name or ("standalone" if opts.endpoint_selector else "static"))
+    objectives = ObjectivesStore()
+    # Model names become metric labels only when a rewrite rule or a pod names them (or once served).
+    recorder = PrometheusRecorder(known_models=ConfiguredAndServedModels(objectives, datastore.snapshot))
+    tracer = build_tracer(opts.tracing)
+    plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
+    try:
+        path = build_request_path(
+            recorder=plugin_recorder,
+            config_text=opts.config_text,
+            config_file=opts.config_file,
+            datastore=datastore,
+            objectives=objectives,
+            disable_subset_filter=opts.disable_endpoint_subset_filter,
+            tracer=tracer,
+        )
+    except ConfigError as e:
+        raise StartupError(str(e)) from None
+    config, director = path.config, path.director
+    if problem := experimental_plugin_problem(config.plugin_types, opts.allow_experimental_plugins):
+        raise StartupError(problem)
+    apply_legacy_metrics_flags(config, opts)
     watcher: EndpointsFileWatcher | None = None
     try:
         if opts.endpoints:
@@ -104,7 +117,6 @@ def build(opts: Options) -> Components:
             watcher.load()
     except EndpointSourceError as e:
         raise StartupError(str(e)) from None
-    objectives = ObjectivesStore()
     objectives_watcher: ObjectivesFileWatcher | None = None
     if opts.objectives_file:
         objectives_watcher = ObjectivesFileWatcher(opts.objectives_file, objectives)
@@ -112,37 +124,6 @@ def build(opts: Options) -> Components:
             objectives_watcher.load()
         except ValueError as e:
             raise StartupError(str(e)) from None
-    # Model names become metric labels only when a rewrite rule or a pod names them (or once served).
-    recorder = PrometheusRecorder(known_models=ConfiguredAndServedModels(objectives, datastore.snapshot))
-    tracer = build_tracer(opts.tracing)
-    plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
-    registry = builtin_registry()
-    try:
-        if opts.config_file:
-            config = load_config(opts.config_file, registry, plugin_recorder, datastore.snapshot)
-        else:
-            config = load_config_text(opts.config_text or None, registry, plugin_recorder, datastore.snapshot)
-    except ConfigError as e:
-        raise StartupError(str(e)) from None
-    if problem := experimental_plugin_problem(config.plugin_types, opts.allow_experimental_plugins):
-        raise StartupError(problem)
-    apply_legacy_metrics_flags(config, opts)
-    director = Director(
-        datastore.snapshot,
-        config.scheduler,
-        RequestPlugins(
-            prepare_data=config.prepare_data,
-            admission=config.admission,
-            pre_request=config.pre_request,
-            response_received=config.response_received,
-            response_complete=config.response_complete,
-        ),
-        plugin_recorder,
-        DirectorOptions(disable_subset_filter=opts.disable_endpoint_subset_filter, objectives=objectives),
-        saturation=config.saturation,
-        parsers=configured_parsers(config),
-        tracer=tracer,
-    )
     servicer = ExtProcServicer(
         director,
         opts.max_request_body_bytes,

@@ -712,7 +712,10 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `llm-epp` parser. Only the subcommand named by `command` gets its arguments when it is `envoy-config`
+    or `sim`: their modules (the Envoy config builder, the simulator) are imported just for them, so
+    `llm-epp serve` loads only what serving needs."""
     parser = argparse.ArgumentParser(prog="llm-epp", description="Endpoint Picker for LLM inference pools")
     parser.add_argument("--version", action="version", version=f"llm-epp {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -727,15 +730,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     assert isinstance(serve, _Parser)
     _serve_parser(serve)
-    from llm_epp.gateway import envoy_config
+    envoy = sub.add_parser("envoy-config", help="print an Envoy bootstrap for the EPP")
+    if command == "envoy-config":
+        from llm_epp.gateway import envoy_config
 
-    envoy_config.add_arguments(sub.add_parser("envoy-config", help="print an Envoy bootstrap for the EPP"))
-    from llm_epp.sim import cli as sim_cli
+        envoy_config.add_arguments(envoy)
+    sim = sub.add_parser("sim", help="run simulated vLLM or SGLang pods on loopback")
+    if command == "sim":
+        from llm_epp.sim import cli as sim_cli
 
-    sim_cli.add_arguments(sub.add_parser("sim", help="run simulated vLLM or SGLang pods on loopback"))
-    from llm_epp.pdsidecar import cli as pd_sidecar_cli
+        sim_cli.add_arguments(sim)
+    pd = sub.add_parser("pd-sidecar", help="run the decode-side P/D routing sidecar")
+    if command == "pd-sidecar":
+        from llm_epp.pdsidecar import cli as pd_sidecar_cli
 
-    pd_sidecar_cli.add_arguments(sub.add_parser("pd-sidecar", help="run the decode-side P/D routing sidecar"))
+        pd_sidecar_cli.add_arguments(pd)
     cfg = sub.add_parser("config", help="work with EndpointPickerConfig files")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a config file and print the resolved profiles")
@@ -752,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version"):
         args_list.insert(0, "serve")
-    parser = build_parser()
+    parser = build_parser(args_list[0] if args_list else None)
     args = parser.parse_args(args_list)
     if args.command == "serve":
         opts = _options(args)

@@ -97,3 +97,23 @@ def test_calibrate_quick_compares_round_robin_with_the_published_baseline(tmp_pa
     for figure in ("req/s", "TTFT mean (s)", "ITL mean (ms)"):
         assert len(_table_rows(report, figure)) == 2, figure  # round-robin, then llm-epp's prediction
     assert "Predicted headline" in report
+
+
+def test_director_cost_smoke_writes_both_stores_for_each_size(tmp_path: Path) -> None:
+    report_file = tmp_path / "director_cost.md"
+    out = _run("benchmarks.director_cost", "--smoke", "--seed", "5", "--output", str(report_file))
+    assert "seed 5" in out.stderr
+    report = report_file.read_text()
+    cells = [row for row in report.splitlines() if re.match(r"^\| (8|64) \| (kept|rebuilt) \|", row)]
+    assert [c.split("|")[1:3] for c in cells] == [
+        [" 8 ", " kept "],
+        [" 8 ", " rebuilt "],
+        [" 64 ", " kept "],
+        [" 64 ", " rebuilt "],
+    ]
+    for row in cells:
+        numbers = [c.strip().replace(",", "") for c in row.strip("|").split("|")[2:]]
+        assert all(re.fullmatch(r"[\d.]+", n) for n in numbers), row
+        assert int(numbers[0]) == 40  # every timed request was measured
+    summary = [r for r in report.splitlines() if re.match(r"^\| (8|64) \| [\d,]+ \| [\d,]+ \| [+-]\d+% \|$", r)]
+    assert len(summary) == 2

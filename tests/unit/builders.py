@@ -3,6 +3,7 @@ fake plugin Handle. Everything here is plain data; no event loop, no I/O."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +195,9 @@ class FakeHandle:
 
     def now(self) -> float:
         return self.clock
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(name)
 
 
 class FakeFilter:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm_epp.app import configured_parsers
+from llm_epp.composition import configured_parsers
 from llm_epp.config import load_config_text
 from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry

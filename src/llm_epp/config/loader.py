@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import random
 import sys
 import time
 import typing
@@ -28,9 +29,11 @@ from llm_epp.framework import (
     Picker,
     Plugin,
     ProfileHandler,
+    RandomSource,
     Recorder,
     Registry,
     Scorer,
+    os_random,
 )
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
@@ -136,11 +139,13 @@ class _LoaderHandle:
         endpoints: Callable[[], Sequence[Endpoint]],
         recorder: Recorder,
         clock: Callable[[], float],
+        random_source: RandomSource,
     ) -> None:
         self._plugins = plugins
         self._endpoints = endpoints
         self._recorder = recorder
         self._clock = clock
+        self._random_source = random_source
 
     @property
     def recorder(self) -> Recorder:
@@ -154,6 +159,9 @@ class _LoaderHandle:
 
     def now(self) -> float:
         return self._clock()
+
+    def rng(self, name: str) -> random.Random:
+        return self._random_source(f"plugin/{name}")
 
 
 def _loc(loc: Sequence[int | str]) -> str:
@@ -217,13 +225,17 @@ def load_config(
     recorder: Recorder,
     endpoints: Callable[[], Sequence[Endpoint]] = tuple,
     strict: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    random_source: RandomSource = os_random,
 ) -> LoadedConfig:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(str(p), [f"cannot read the file: {e.strerror}"]) from None
-    return load_config_text(text, registry, recorder, endpoints, source=str(p), strict=strict)
+    return load_config_text(
+        text, registry, recorder, endpoints, source=str(p), clock=clock, strict=strict, random_source=random_source
+    )
 
 
 def load_config_text(
@@ -234,12 +246,15 @@ def load_config_text(
     source: str = "--config-text",
     clock: Callable[[], float] = time.monotonic,
     strict: bool = False,
+    random_source: RandomSource = os_random,
 ) -> LoadedConfig:
     """Parses and builds an EndpointPickerConfig (``None`` or blank: the default configuration).
 
     ``clock`` is what plugins get from ``handle.now()`` (monotonic seconds, the time base of
     ``Metrics.update_time``); a simulator passes its virtual clock. ``strict``: unknown plugin parameters
-    are errors (llm-d-router's rule) instead of warnings (GIE v1.5.0 ignores them)."""
+    are errors (llm-d-router's rule) instead of warnings (GIE v1.5.0 ignores them). ``random_source`` gives
+    the plugins' (``handle.rng(name)``) and the profiles' generators; a reproducible run passes
+    ``seeded_random(seed)``."""
     if text is None or not text.strip():
         text, source = DEFAULT_CONFIG, "the default configuration"
     try:
@@ -249,14 +264,16 @@ def load_config_text(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
     if raw is None:  # only comments
-        return load_config_text(None, registry, recorder, endpoints, clock=clock, strict=strict)
+        return load_config_text(
+            None, registry, recorder, endpoints, clock=clock, strict=strict, random_source=random_source
+        )
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the document must be a mapping with apiVersion, kind and plugins"])
     try:
         spec = EndpointPickerConfigSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(source, _schema_problems(err)) from None
-    return _build(spec, registry, recorder, endpoints, source, clock, strict)
+    return _build(spec, registry, recorder, endpoints, source, clock, strict, random_source)
 
 
 def _build(
@@ -267,6 +284,7 @@ def _build(
     source: str,
     clock: Callable[[], float],
     strict: bool = False,
+    random_source: RandomSource = os_random,
 ) -> LoadedConfig:
     problems: list[str] = []
     warnings: list[str] = []
@@ -287,7 +305,7 @@ def _build(
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
     params: dict[str, dict[str, Any]] = {}
-    handle = _LoaderHandle(plugins, endpoints, recorder, clock)
+    handle = _LoaderHandle(plugins, endpoints, recorder, clock, random_source)
     seen_names: set[str] = set()
     declared = {ps.name or ps.type for ps in spec.plugins}
     for i, ps in enumerate(spec.plugins):
@@ -400,7 +418,7 @@ def _build(
             assert isinstance(auto, Picker)
             pickers = [auto]
         picker = pickers[0]
-        profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder)
+        profiles[pname] = SchedulerProfile(pname, filters, scorers, picker, recorder, random_source(f"profile/{pname}"))
         descriptions.append(
             ProfileDescription(
                 pname,

@@ -1,5 +1,14 @@
 """The endpoint store: discovery sources apply changes, scrapers swap metrics, the request path takes an
-immutable snapshot. All mutation happens on the event loop thread, so no locks are needed."""
+immutable snapshot. All mutation happens on the event loop thread, so no locks are needed.
+
+The snapshot is kept across metric updates: an update marks its endpoint, and the next `snapshot()` copies
+the previous tuple and replaces only the marked endpoints (copy-on-write), so a pool scraped every 50 ms
+does not rebuild every Endpoint for every request. A tuple once returned never changes; a scheduling cycle
+holding it sees one consistent pool. Membership changes rebuild the snapshot in full.
+
+In-flight load (`InFlightLoad`) belongs to the endpoint's key and outlives the endpoint while requests
+still hold it: a pod removed and added back (a readiness flap) continues counting its running requests
+instead of restarting at 0."""
 
 from __future__ import annotations
 
@@ -16,6 +25,8 @@ class Datastore:
         self._metrics: dict[EndpointKey, Metrics] = {}
         self._load: dict[EndpointKey, InFlightLoad] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()
+        self._position: dict[EndpointKey, int] = {}  # index of each endpoint in the current snapshot
+        self._updated: set[EndpointKey] = set()  # endpoints whose metrics changed since the snapshot was made
         self._by_hostport: dict[str, Endpoint] = {}
         self.synced = False
         self._listeners: list[Callable[[], None]] = []
@@ -28,7 +39,6 @@ class Datastore:
         for key in list(self._metadata):
             if key not in new:
                 self._metrics.pop(key, None)
-                self._load.pop(key, None)
         self._metadata = new
         self.synced = True
         self._changed()
@@ -41,7 +51,6 @@ class Datastore:
     def delete(self, key: EndpointKey) -> None:
         if self._metadata.pop(key, None) is not None:
             self._metrics.pop(key, None)
-            self._load.pop(key, None)
             self._changed()
 
     def clear(self) -> None:
@@ -49,9 +58,11 @@ class Datastore:
 
     # --- metrics --------------------------------------------------------------------------------------
     def update_metrics(self, key: EndpointKey, metrics: Metrics) -> None:
+        """Swap in an endpoint's latest metrics (what the data-layer runtime calls after every scrape)."""
         if key in self._metadata:
             self._metrics[key] = metrics
-            self._snapshot = None
+            if self._snapshot is not None:
+                self._updated.add(key)
 
     # --- reachability ---------------------------------------------------------------------------------
     def set_reachable(self, key: EndpointKey, ok: bool) -> None:
@@ -79,14 +90,30 @@ class Datastore:
 
     # --- reads ----------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[Endpoint, ...]:
-        """All reachable endpoints with their latest metrics; cached until something changes."""
+        """All reachable endpoints with their latest metrics. The same tuple until something changes; after
+        metric updates a new tuple that shares every unchanged Endpoint with the previous one."""
         snap = self._snapshot
         if snap is None:
             snap = tuple(
                 Endpoint(m, self._metrics.get(k, EMPTY_METRICS), self._load_of(k)) for k, m in self._included()
             )
             self._snapshot = snap
+            self._position = {e.key: i for i, e in enumerate(snap)}
             self._by_hostport = {e.hostport: e for e in snap}
+            self._updated.clear()
+        elif self._updated:
+            endpoints = list(snap)
+            position, by_hostport, metrics = self._position, self._by_hostport, self._metrics
+            for key in self._updated:
+                i = position.get(key)
+                if i is None:  # left out of the snapshot (unreachable): its metrics wait for its return
+                    continue
+                old = endpoints[i]
+                endpoint = Endpoint(old.metadata, metrics[key], old.load)
+                endpoints[i] = endpoint
+                by_hostport[endpoint.hostport] = endpoint
+            self._updated.clear()
+            snap = self._snapshot = tuple(endpoints)
         return snap
 
     def _load_of(self, key: EndpointKey) -> InFlightLoad:
@@ -116,7 +143,13 @@ class Datastore:
         self._listeners.append(callback)
 
     def _changed(self) -> None:
+        # Loads of removed endpoints are kept while requests hold them (they come back with the endpoint);
+        # the idle ones are dropped here, so the table is bounded by the pool plus the draining endpoints.
+        load = self._load
+        for key in [k for k, v in load.items() if k not in self._metadata and v.requests <= 0 and v.tokens <= 0]:
+            del load[key]
         self._snapshot = None
         self._unreachable &= self._metadata.keys()  # an endpoint that leaves and returns starts reachable
+        self._updated.clear()
         for cb in self._listeners:
             cb()

@@ -125,8 +125,10 @@ class EndpointsFileWatcher(WatchedFile[tuple[str | None, list[EndpointMetadata]]
         return parse_endpoints_file(text, source)
 
     def apply(self, value: tuple[str | None, list[EndpointMetadata]], initial: bool) -> str:
+        """The file's `poolName`, when it has one, names the pool (in the `inference_pool_*` gauges); a file
+        without one leaves the name as it was."""
         pool, endpoints = value
-        if initial and pool and not self.datastore.pool_name:
+        if pool:
             self.datastore.pool_name = pool
         self.datastore.replace_all(endpoints)
-        return f"endpoints={len(endpoints)}"
+        return f"endpoints={len(endpoints)}" + (f" pool={pool}" if pool else "")

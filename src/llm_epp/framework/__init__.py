@@ -2,7 +2,7 @@
 plugins are written against. Plugin authors import from here only."""
 
 from llm_epp.framework.errors import EppError, ErrorCode
-from llm_epp.framework.plugin import Handle, Plugin, PluginParams, TypedName
+from llm_epp.framework.plugin import Handle, Plugin, PluginParams, RandomSource, TypedName, os_random, seeded_random
 from llm_epp.framework.recorder import NullRecorder, Recorder
 from llm_epp.framework.registry import PluginFactory, Registry
 from llm_epp.framework.scheduling import Filter, Picker, ProfileHandler, Scorer, ScorerCategory
@@ -41,6 +41,7 @@ __all__ = [
     "PluginParams",
     "ProfileHandler",
     "ProfileResult",
+    "RandomSource",
     "Recorder",
     "Registry",
     "RequestBody",
@@ -50,4 +51,6 @@ __all__ = [
     "ScorerCategory",
     "StateKey",
     "TypedName",
+    "os_random",
+    "seeded_random",
 ]

@@ -1,6 +1,8 @@
 """A discrete-event cluster of simulated pods (:class:`~llm_epp.sim.engine.Engine`) behind a router.
 
-Everything runs on one virtual clock, in-process: no asyncio loop, no sockets, no wall clock::
+Everything runs in-process on one virtual clock, on an asyncio loop whose clock is virtual
+(:class:`~llm_epp.sim.virtual_loop.VirtualEventLoop`): no sockets, no wall clock, and simulated seconds
+pass only when nothing is left to do at the current instant::
 
     workload = SharedPrefixWorkload(num_groups=10, prompts_per_group=5, system_prompt_len=200,
                                     question_len=50, output_len=20, seed=1)
@@ -8,60 +10,50 @@ Everything runs on one virtual clock, in-process: no asyncio loop, no sockets, n
     result = cluster.run(workload, [Stage(rate=20, duration=5)], make_router("llm-epp", 4), seed=1)
     print(result.stages[0].req_per_s, result.stages[0].prefix_hit_rate)
 
-Event order at one instant: engine steps that end then (first tokens, completions, which release the
-router's in-flight load), then the metrics scrape, then arrivals (each routed and submitted in turn).
+Engine steps, metric scrapes and arrivals are events in time order; each request is a task that awaits the
+router (for ``llm-epp``, the real director, which may take virtual time: a deadline, a queue) and then
+submits to its pod.  Event order at one instant: engine steps that end then (first tokens, completions,
+which release the router's in-flight load), then the metrics scrape, then arrivals, each routed in turn.
 
-Routers (:func:`make_router`):
-
-* ``round-robin``: pods in turn (the "Kubernetes Service" baseline);
-* ``random``: a seeded uniform choice;
-* ``least-queue``: the pod with the fewest requests sent and not finished (the router's own count, like
-  Envoy's least-request), ties broken at random;
-* ``locality-bound``: every request of prefix group ``g`` to pod ``g % num_pods`` (perfect affinity, no
-  load awareness: the upper bound on prefix reuse);
-* ``llm-epp``: the real scheduler, plugins and approximate prefix producer built from an
-  EndpointPickerConfig text (``None`` = the default config), run as the director runs them: PrepareData,
-  ``Scheduler.schedule``, in-flight reservation, PreRequest; at completion the reservation is released and
-  the ResponseComplete hooks run.  The plugins' own tie-breaking generators are re-seeded from the
-  router's seed (runs are reproducible).  Endpoints carry the pods' metrics "scraped" every ``scrape_interval``
-  (50 ms of virtual time by default) with ``update_time`` = the scrape's virtual time.
-
-Plugins get the virtual clock through ``handle.now()`` (the saturation detectors compare it with
-``update_time``), so staleness is judged in virtual time.
+Routers (:func:`make_router`, :mod:`llm_epp.sim.routers`): ``round-robin``, ``random``, ``least-queue``,
+``locality-bound`` and ``llm-epp`` (:class:`EppRouter`: the program ``llm-epp serve`` runs, with the pods'
+metrics written into its endpoint store every ``scrape_interval``, 50 ms of virtual time by default).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import heapq
 import itertools
 import math
-import random
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from llm_epp.config.loader import LoadedConfig, load_config_text
-from llm_epp.framework import (
-    ApiKind,
-    CycleState,
-    Endpoint,
-    EndpointKey,
-    EndpointMetadata,
-    InferenceRequest,
-    InFlightLoad,
-    Metrics,
-    NullRecorder,
-    RequestBody,
-)
-from llm_epp.framework.requestcontrol import ResponseInfo, Usage
-from llm_epp.plugins import builtin_registry
-from llm_epp.requestcontrol.director import estimate_tokens
-from llm_epp.scheduling import SchedulingFailedError
-from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, RequestEvent, SimRequest
+from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, SimRequest
 from llm_epp.sim.profiles import Profile
+from llm_epp.sim.routers import (
+    DEFAULT_SCRAPE_INTERVAL,
+    ROUTERS,
+    SIM_MODEL,
+    EppRouter,
+    LeastQueueRouter,
+    LocalityBoundRouter,
+    RandomRouter,
+    RoundRobinRouter,
+    RoutedRequest,
+    Router,
+    RoutingError,
+    make_router,
+)
+from llm_epp.sim.virtual_loop import VirtualClock, VirtualEventLoop
 from llm_epp.sim.workload import Prompt, SharedPrefixWorkload, Stage, stage_offsets
 
 __all__ = [
+    "DEFAULT_SCRAPE_INTERVAL",
     "ROUTERS",
+    "SIM_MODEL",
     "Cluster",
     "EppRouter",
     "LeastQueueRouter",
@@ -72,263 +64,16 @@ __all__ = [
     "RoundRobinRouter",
     "RoutedRequest",
     "Router",
+    "RoutingError",
     "RunResult",
     "StageStats",
+    "TraceRequest",
     "make_router",
     "percentile",
     "summarize_stage",
 ]
 
-DEFAULT_SCRAPE_INTERVAL = 0.05
-SIM_MODEL = "sim-model"
-
-
-@dataclass(frozen=True, slots=True)
-class RoutedRequest:
-    """What a router is told about a request."""
-
-    id: str
-    prompt: Prompt
-
-
-class RoutingError(Exception):
-    """The router could not place the request (counted as a failure)."""
-
-
-class Router:
-    """Base router: picks a pod index for each request; optional hooks for completions and scrapes."""
-
-    name = "router"
-    scrape_interval: float | None = None
-    """Seconds of virtual time between metric scrapes (``None``: the router needs no metrics)."""
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        raise NotImplementedError
-
-    def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
-        """Called when ``request`` finished on ``pod``."""
-
-    def on_scrape(self, metrics: Sequence[EngineMetrics], now: float) -> None:
-        """Called every ``scrape_interval`` with every pod's current metrics."""
-
-
-class RoundRobinRouter(Router):
-    name = "round-robin"
-
-    def __init__(self, num_pods: int) -> None:
-        self._n = num_pods
-        self._next = 0
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        pod = self._next % self._n
-        self._next += 1
-        return pod
-
-
-class RandomRouter(Router):
-    name = "random"
-
-    def __init__(self, num_pods: int, seed: int = 0) -> None:
-        self._n = num_pods
-        self._rng = random.Random(seed)
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        return self._rng.randrange(self._n)
-
-
-class LeastQueueRouter(Router):
-    name = "least-queue"
-
-    def __init__(self, num_pods: int, seed: int = 0) -> None:
-        self._outstanding = [0] * num_pods
-        self._rng = random.Random(seed)
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        low = min(self._outstanding)
-        pods = [i for i, n in enumerate(self._outstanding) if n == low]
-        pod = pods[0] if len(pods) == 1 else self._rng.choice(pods)
-        self._outstanding[pod] += 1
-        return pod
-
-    def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
-        self._outstanding[pod] -= 1
-
-
-class LocalityBoundRouter(Router):
-    name = "locality-bound"
-
-    def __init__(self, num_pods: int) -> None:
-        self._n = num_pods
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        return request.prompt.group % self._n
-
-
-def _run_sync(coro: Coroutine[Any, Any, None]) -> None:
-    """Runs a coroutine that never awaits (PrepareData plugins) without an event loop."""
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise RuntimeError("a PrepareData plugin awaited; the simulator cannot run it without an event loop")
-
-
-def _seed_random_generators(loaded: LoadedConfig, seed: int) -> None:
-    """Re-seeds the tie-breaking generators the plugins and profiles create for themselves (seeded from the
-    OS by default), in a fixed order, so that a simulated run is reproducible."""
-    owners: list[object] = [*loaded.plugins.values()]
-    for profile in loaded.scheduler.profiles.values():
-        owners += [profile, profile.picker]
-    k = 0
-    for owner in owners:
-        for value in getattr(owner, "__dict__", {}).values():
-            if isinstance(value, random.Random):
-                k += 1
-                value.seed(seed * 1_000_003 + k)
-
-
-@dataclass(slots=True)
-class _Pending:
-    request: InferenceRequest
-    cycle: CycleState
-    endpoint: Endpoint
-    reserved_tokens: int
-
-
-class EppRouter(Router):
-    """The llm-epp scheduler with its plugins, run in-process as the director runs them."""
-
-    name = "llm-epp"
-
-    def __init__(
-        self,
-        num_pods: int,
-        config_text: str | None = None,
-        scrape_interval: float = DEFAULT_SCRAPE_INTERVAL,
-        model: str = SIM_MODEL,
-        seed: int = 0,
-    ) -> None:
-        self.scrape_interval = scrape_interval
-        self._model = model
-        self._loads = [InFlightLoad() for _ in range(num_pods)]
-        self._meta = [
-            EndpointMetadata(EndpointKey("default", f"sim-pod-{i}"), f"10.0.{i // 256}.{i % 256}", 8000)
-            for i in range(num_pods)
-        ]
-        self.endpoints: list[Endpoint] = [
-            Endpoint(m, Metrics(), load) for m, load in zip(self._meta, self._loads, strict=True)
-        ]
-        self._pod_of = {m.key: i for i, m in enumerate(self._meta)}
-        self.now = 0.0
-        """The virtual time of the latest scrape or pick: the clock the plugins see (``handle.now()``)."""
-        self.loaded = load_config_text(
-            config_text, builtin_registry(), NullRecorder(), lambda: self.endpoints, clock=lambda: self.now
-        )
-        _seed_random_generators(self.loaded, seed)
-        self._pending: dict[str, _Pending] = {}
-
-    def on_scrape(self, metrics: Sequence[EngineMetrics], now: float) -> None:
-        self.now = max(self.now, now)
-        stamp = now if now > 0 else 1e-9  # update_time 0 means "never scraped"
-        self.endpoints = [
-            Endpoint(
-                meta,
-                Metrics(
-                    waiting_queue_size=m.num_requests_waiting,
-                    running_requests=m.num_requests_running,
-                    kv_cache_usage=m.kv_cache_usage_perc,
-                    active_models=frozenset(m.running_lora_adapters),
-                    waiting_models=frozenset(m.waiting_lora_adapters),
-                    max_active_models=m.max_lora,
-                    cache_block_size=m.block_size,
-                    cache_num_blocks=m.num_gpu_blocks,
-                    update_time=stamp,
-                ),
-                load,
-            )
-            for meta, m, load in zip(self._meta, metrics, self._loads, strict=True)
-        ]
-
-    def pick(self, request: RoutedRequest, now: float) -> int:
-        self.now = max(self.now, now)
-        prompt = request.prompt
-        payload = {"model": self._model, "prompt": prompt.text, "max_tokens": prompt.max_tokens}
-        size = len(prompt.text) + 64  # the JSON around the prompt, roughly
-        inference = InferenceRequest(
-            request.id, self._model, self._model, RequestBody(ApiKind.COMPLETIONS, payload), size_bytes=size
-        )
-        cycle = CycleState()
-        loaded = self.loaded
-        candidates = list(self.endpoints)
-        for producer in loaded.prepare_data:
-            _run_sync(producer.prepare_data(cycle, inference, candidates))
-        for admission in loaded.admission:
-            coro = admission.admit(cycle, inference, candidates)
-            try:
-                coro.send(None)
-            except StopIteration as stop:
-                if stop.value is not None:
-                    raise RoutingError(f"not admitted: {stop.value}") from None
-            else:
-                coro.close()
-                raise RuntimeError("an Admission plugin awaited; the simulator cannot run it")
-        try:
-            result = loaded.scheduler.schedule(inference, candidates, cycle)
-        except SchedulingFailedError as e:
-            raise RoutingError(str(e)) from None
-        primary = result.primary
-        if primary is None or not primary.target_endpoints:
-            raise RoutingError("no target endpoint")
-        endpoint = primary.target_endpoints[0]
-        reserved = estimate_tokens(size)
-        endpoint.load.requests += 1
-        endpoint.load.tokens += reserved
-        for hook in loaded.pre_request:
-            hook.pre_request(cycle, inference, result)
-        self._pending[request.id] = _Pending(inference, cycle, endpoint, reserved)
-        return self._pod_of[endpoint.key]
-
-    def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
-        self.now = max(self.now, now)
-        pending = self._pending.pop(request.id)
-        load = pending.endpoint.load
-        load.requests = max(load.requests - 1, 0)
-        load.tokens = max(load.tokens - pending.reserved_tokens, 0)
-        usage = Usage(
-            prompt_tokens=event.prompt_tokens,
-            completion_tokens=event.completion_tokens,
-            total_tokens=event.prompt_tokens + event.completion_tokens,
-            cached_tokens=event.cached_tokens,
-        )
-        info = ResponseInfo(status=200, served_endpoint=pending.endpoint.hostport, usage=usage, complete=True)
-        for hook in self.loaded.response_complete:
-            hook.response_complete(pending.cycle, pending.request, info, pending.endpoint)
-
-
-ROUTERS = ("round-robin", "random", "least-queue", "locality-bound", "llm-epp")
-
-
-def make_router(
-    name: str,
-    num_pods: int,
-    *,
-    seed: int = 0,
-    config_text: str | None = None,
-    scrape_interval: float = DEFAULT_SCRAPE_INTERVAL,
-) -> Router:
-    """A fresh router called ``name`` (one of :data:`ROUTERS`) for ``num_pods`` pods."""
-    if name == "round-robin":
-        return RoundRobinRouter(num_pods)
-    if name == "random":
-        return RandomRouter(num_pods, seed)
-    if name == "least-queue":
-        return LeastQueueRouter(num_pods, seed)
-    if name == "locality-bound":
-        return LocalityBoundRouter(num_pods)
-    if name == "llm-epp":
-        return EppRouter(num_pods, config_text, scrape_interval, seed=seed)
-    raise KeyError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -349,6 +94,9 @@ class RequestResult:
     completion_tokens: int
     preemptions: int
     failed: bool = False
+    status: int = 200
+    """The HTTP status the client got: 200, the router's refusal (429 shed, 503 no candidate, ...) or 400
+    when the pod rejected the request."""
 
     @property
     def ttft(self) -> float:
@@ -511,6 +259,21 @@ def _stage_stats(
 # --------------------------------------------------------------------------------------------- cluster
 
 
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace (:meth:`Cluster.run_trace`): when it arrives (seconds after the run starts),
+    its prompt, and optionally request headers and the gateway's endpoint subset (``ip:port`` entries)."""
+
+    offset: float
+    prompt: Prompt
+    headers: Mapping[str, str] = field(default_factory=dict)
+    subset: Sequence[str] | None = None
+
+
+_ENGINE, _SCRAPE, _ARRIVAL = 0, 1, 2
+"""Event kinds, in the order they run at one instant."""
+
+
 @dataclass(slots=True)
 class _InFlight:
     routed: RoutedRequest
@@ -520,8 +283,27 @@ class _InFlight:
     first_token: float = math.nan
 
 
+@dataclass(slots=True)
+class _Stage:
+    """The requests of one stage (or trace) still to finish, and what becomes of them."""
+
+    index: int
+    remaining: int
+    done: asyncio.Future[None]
+    results: list[RequestResult] = field(default_factory=list)
+
+    def add(self, result: RequestResult) -> None:
+        self.results.append(result)
+        self.remaining -= 1
+        if self.remaining == 0 and not self.done.done():
+            self.done.set_result(None)
+
+
 class Cluster:
-    """``num_pods`` engines of one profile; :meth:`run` plays a staged workload through a router."""
+    """``num_pods`` engines of one profile; :meth:`run` plays a staged workload through a router.
+
+    Each :meth:`run` / :meth:`run_trace` runs on a fresh :class:`VirtualEventLoop` over the cluster's one
+    clock (:attr:`clock` carries on from run to run, as the engines' state does)."""
 
     def __init__(self, profile: Profile, num_pods: int) -> None:
         if num_pods < 1:
@@ -529,12 +311,31 @@ class Cluster:
         self.profile = profile
         self.num_pods = num_pods
         self.engines = [Engine(profile, token_events=False) for _ in range(num_pods)]
-        self.clock = 0.0
+        self._clock = VirtualClock()
         self._next_id = 0
+        # the events to come: (time, kind, pod / arrival number, tie-breaker); an engine's entry is current
+        # only while it matches _engine_due[pod] (rescheduling leaves the old entry to be skipped)
+        self._events: list[tuple[float, int, int, int]] = []
+        self._engine_due: list[float | None] = [None] * num_pods
+        self._seq = itertools.count()
+        self._arrivals: dict[int, tuple[RoutedRequest, _Stage]] = {}
+        self._inflight: dict[str, tuple[_InFlight, _Stage]] = {}
+        self._loop: VirtualEventLoop | None = None
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._wakeup_at = math.inf
+        self._router: Router | None = None
+        self._handling = False
+        self._active: list[_Stage] = []
+
+    @property
+    def clock(self) -> float:
+        """The virtual time (seconds)."""
+        return self._clock.now
 
     def metrics(self) -> list[EngineMetrics]:
         return [e.metrics() for e in self.engines]
 
+    # --- public runs ----------------------------------------------------------------------------------
     def run(
         self,
         workload: SharedPrefixWorkload,
@@ -545,103 +346,164 @@ class Cluster:
         progress: Callable[[int, StageStats], None] | None = None,
     ) -> RunResult:
         """Plays ``stages`` one after the other (the next starts when the previous stage's last request
-        finished) with arrival offsets drawn from ``seed``; prompts come from ``workload.next_prompt()``."""
+        finished) with arrival offsets drawn from ``seed``; prompts come from ``workload.next_prompt()``.
+        A refused request counts as a failure with its status.  On an interrupt (Ctrl-C) the stages
+        finished so far have been passed to ``progress``."""
         result = RunResult(router.name, self.num_pods)
         offsets = stage_offsets(stages, seed)
-        next_scrape = self.clock if router.scrape_interval is not None else math.inf
-        for k, stage in enumerate(stages):
-            before = self.metrics()
-            arrivals = [(self.clock + off, workload.next_prompt()) for off in offsets[k]]
-            stage_results, next_scrape = self._run_stage(k, arrivals, router, next_scrape)
-            stats = _stage_stats(stage, stage_results, self.num_pods, before, self.metrics())
-            result.stages.append(stats)
-            result.requests.extend(stage_results)
-            if progress is not None:
-                progress(k, stats)
+
+        async def play() -> None:
+            for k, stage in enumerate(stages):
+                before = self.metrics()
+                start = self.clock
+                arrivals = [(start + off, self._request(workload.next_prompt())) for off in offsets[k]]
+                stage_results = await self._play(k, arrivals)
+                stats = _stage_stats(stage, stage_results, self.num_pods, before, self.metrics())
+                result.stages.append(stats)
+                result.requests.extend(stage_results)
+                if progress is not None:
+                    progress(k, stats)
+
+        self._run(play(), router)
         return result
 
-    def run_trace(self, arrivals: Sequence[tuple[float, Prompt]], router: Router) -> list[RequestResult]:
+    def run_trace(self, arrivals: Sequence[tuple[float, Prompt] | TraceRequest], router: Router) -> list[RequestResult]:
         """Plays requests arriving at the given offsets (seconds after the cluster's clock) until every one of
         them has finished; results in completion order.  The lower-level sibling of :meth:`run`, for traces
-        that are not Poisson stages."""
-        if any(b[0] < a[0] for a, b in itertools.pairwise(arrivals)):
+        that are not Poisson stages; a :class:`TraceRequest` may carry headers and an endpoint subset."""
+        trace = [a if isinstance(a, TraceRequest) else TraceRequest(a[0], a[1]) for a in arrivals]
+        if any(b.offset < a.offset for a, b in itertools.pairwise(trace)):
             raise ValueError("arrivals must be sorted by time")
-        timed = [(self.clock + offset, prompt) for offset, prompt in arrivals]
-        next_scrape = self.clock if router.scrape_interval is not None else math.inf
-        results, _ = self._run_stage(0, timed, router, next_scrape)
-        return results
+        start = self.clock
+        timed = [(start + t.offset, self._request(t.prompt, t.headers, t.subset)) for t in trace]
+        return self._run(self._play(0, timed), router)
 
-    def _run_stage(
-        self, stage: int, arrivals: list[tuple[float, Prompt]], router: Router, next_scrape: float
-    ) -> tuple[list[RequestResult], float]:
-        engines = self.engines
+    # --- the loop -------------------------------------------------------------------------------------
+    def _request(
+        self, prompt: Prompt, headers: Mapping[str, str] | None = None, subset: Sequence[str] | None = None
+    ) -> RoutedRequest:
+        self._next_id += 1
+        return RoutedRequest(f"req-{self._next_id}", prompt, headers or {}, subset)
+
+    def _run(self, main: Coroutine[Any, Any, T], router: Router) -> T:
+        """Runs ``main`` on a fresh virtual-time loop (in a worker thread when the caller is itself inside a
+        running event loop, which cannot run a second one in its thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._run_here(main, router)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="virtual-cluster") as pool:
+            return pool.submit(self._run_here, main, router).result()
+
+    def _run_here(self, main: Coroutine[Any, Any, T], router: Router) -> T:
+        loop = VirtualEventLoop(self._clock)
+        self._loop, self._router = loop, router
+        self._wakeup, self._wakeup_at, self._handling = None, math.inf, False
+        router.bind_clock(self._clock)
         interval = router.scrape_interval
-        inflight: dict[str, _InFlight] = {}
-        results: list[RequestResult] = []
-        i = 0
-        while i < len(arrivals) or inflight:
-            t_arrival = arrivals[i][0] if i < len(arrivals) else math.inf
-            t_engine = math.inf
-            for engine in engines:
-                t = engine.next_event_time()
-                if t is not None and t < t_engine:
-                    t_engine = t
-            if t_engine == math.inf and t_arrival == math.inf:
-                raise RuntimeError("requests in flight but no engine has work")  # cannot happen
-            if t_engine <= t_arrival and t_engine <= next_scrape:
-                for pod, engine in enumerate(engines):
-                    if engine.next_event_time() == t_engine:
-                        self._handle(engine.advance(t_engine), pod, inflight, results, router)
-                self.clock = max(self.clock, t_engine)
-            elif next_scrape <= t_arrival:
-                assert interval is not None
-                router.on_scrape(self.metrics(), next_scrape)
-                self.clock = max(self.clock, next_scrape)
-                next_scrape += interval
+        if interval is not None:
+            self._push(self.clock, _SCRAPE, 0)
+        try:
+            return loop.run_until_complete(main)
+        finally:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+            self._loop = None
+            self._router = None
+            self._events = [e for e in self._events if e[1] == _ENGINE]  # the scrape and arrivals end with the run
+            heapq.heapify(self._events)
+            self._arrivals.clear()
+
+    async def _play(self, index: int, arrivals: list[tuple[float, RoutedRequest]]) -> list[RequestResult]:
+        """Schedules ``arrivals`` and returns once every one of them has finished or failed."""
+        loop = self._loop
+        assert loop is not None
+        stage = _Stage(index, len(arrivals), loop.create_future())
+        if not arrivals:
+            return []
+        for at, routed in arrivals:
+            n = next(self._seq)
+            self._arrivals[n] = (routed, stage)
+            self._push(at, _ARRIVAL, n)
+        self._active.append(stage)
+        try:
+            await stage.done
+        finally:
+            self._active.remove(stage)
+        return stage.results
+
+    def _crash(self, error: BaseException) -> None:
+        """A bug in an event or a router: the run stops with it (instead of the loop logging it and the stage
+        never finishing)."""
+        for stage in self._active:
+            if not stage.done.done():
+                stage.done.set_exception(error)
+
+    def _push(self, at: float, kind: int, index: int) -> None:
+        heapq.heappush(self._events, (at, kind, index, next(self._seq)))
+        if at < self._wakeup_at and not self._handling:
+            self._arm()
+
+    def _arm(self) -> None:
+        """(Re)schedules the wakeup of :meth:`_next_event` at the time of the earliest event."""
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup, self._wakeup_at = None, math.inf
+        if self._events and self._loop is not None:
+            self._wakeup_at = self._events[0][0]
+            self._wakeup = self._loop.call_at(self._wakeup_at, self._next_event)
+
+    def _next_event(self) -> None:
+        """Runs the earliest event, and the ones after it while the loop has nothing else to do before them;
+        then waits for the next one (tasks an event woke run in between)."""
+        self._wakeup, self._wakeup_at = None, math.inf
+        loop, events = self._loop, self._events
+        assert loop is not None
+        self._handling = True  # events pushed meanwhile are seen by the loop below, or armed at its end
+        try:
+            self._handle_events(loop, events)
+        except Exception as e:
+            self._crash(e)
+        self._handling = False
+        self._arm()
+
+    def _handle_events(self, loop: VirtualEventLoop, events: list[tuple[float, int, int, int]]) -> None:
+        while True:
+            at, kind, index, _ = heapq.heappop(events)
+            self._clock.advance_to(at)
+            if kind == _ENGINE:
+                if self._engine_due[index] == at:
+                    self._engine_due[index] = None
+                    self._advance(index, at)
+            elif kind == _SCRAPE:
+                router = self._router
+                assert router is not None and router.scrape_interval is not None
+                router.on_scrape(self.metrics(), at)
+                self._push(at + router.scrape_interval, _SCRAPE, 0)
             else:
-                now, prompt = arrivals[i]
-                i += 1
-                self.clock = max(self.clock, now)
-                self._next_id += 1
-                routed = RoutedRequest(f"req-{self._next_id}", prompt)
-                try:
-                    pod = router.pick(routed, now)
-                except RoutingError:
-                    results.append(self._failed(routed, stage, -1, now))
-                    continue
-                engine = engines[pod]
-                self._handle(engine.advance(now), pod, inflight, results, router)
-                try:
-                    engine.submit(SimRequest(routed.id, prompt.token_ids, prompt.max_tokens), now)
-                except ValueError:
-                    results.append(self._failed(routed, stage, pod, now))
-                    continue
-                inflight[routed.id] = _InFlight(routed, stage, pod, now)
-        if interval is not None and next_scrape < self.clock:  # keep the scrape grid, skip the past ticks
-            next_scrape += math.ceil((self.clock - next_scrape) / interval) * interval
-        return results, next_scrape
+                routed, stage = self._arrivals.pop(index)
+                loop.create_task(self._route(routed, stage, at))
+            if not events or not loop.idle_until(events[0][0]):
+                return
 
-    @staticmethod
-    def _failed(routed: RoutedRequest, stage: int, pod: int, now: float) -> RequestResult:
-        prompt = routed.prompt
-        return RequestResult(
-            routed.id, stage, prompt.group, pod, now, now, now, len(prompt.token_ids), 0, 0, 0, failed=True
-        )
-
-    @staticmethod
-    def _handle(
-        events: list[RequestEvent],
-        pod: int,
-        inflight: dict[str, _InFlight],
-        results: list[RequestResult],
-        router: Router,
-    ) -> None:
-        for ev in events:
+    def _advance(self, pod: int, now: float) -> None:
+        """Advances ``pod``'s engine to ``now``, handles its events and schedules its next step."""
+        engine = self.engines[pod]
+        router = self._router
+        assert router is not None
+        for ev in engine.advance(now):
             if ev.kind is EventKind.FIRST_TOKEN:
-                inflight[ev.request_id].first_token = ev.time
+                f = self._inflight[ev.request_id][0]
+                f.first_token = ev.time
+                router.on_first_token(f.routed, pod, ev.time)
             elif ev.kind is EventKind.FINISHED:
-                f = inflight.pop(ev.request_id)
-                results.append(
+                f, stage = self._inflight.pop(ev.request_id)
+                router.on_finish(f.routed, pod, ev, ev.time)
+                stage.add(
                     RequestResult(
                         ev.request_id,
                         f.stage,
@@ -656,4 +518,46 @@ class Cluster:
                         ev.preemptions,
                     )
                 )
-                router.on_finish(f.routed, pod, ev, ev.time)
+        self._reschedule(pod)
+
+    def _reschedule(self, pod: int) -> None:
+        """Schedules the end of ``pod``'s current step (asking for it fixes the step's batch)."""
+        t = self.engines[pod].next_event_time()
+        if t is not None and t != self._engine_due[pod]:
+            self._engine_due[pod] = t
+            self._push(t, _ENGINE, pod)
+
+    async def _route(self, routed: RoutedRequest, stage: _Stage, arrival: float) -> None:
+        """One request: the router decides (possibly after virtual time), then the pod gets it."""
+        try:
+            await self._deliver(routed, stage, arrival)
+        except Exception as e:
+            self._crash(e)
+
+    async def _deliver(self, routed: RoutedRequest, stage: _Stage, arrival: float) -> None:
+        router = self._router
+        assert router is not None
+        try:
+            pod = await router.route(routed, arrival)
+        except RoutingError as e:
+            stage.add(self._failed(routed, stage.index, -1, arrival, self.clock, e.status))
+            return
+        now = self.clock
+        engine = self.engines[pod]
+        self._advance(pod, now)
+        prompt = routed.prompt
+        try:
+            engine.submit(SimRequest(routed.id, prompt.token_ids, prompt.max_tokens), now)
+        except ValueError:
+            router.on_rejected(routed, pod, now)
+            stage.add(self._failed(routed, stage.index, pod, arrival, now, 400))
+            return
+        self._inflight[routed.id] = (_InFlight(routed, stage.index, pod, arrival), stage)
+        self._reschedule(pod)
+
+    @staticmethod
+    def _failed(routed: RoutedRequest, stage: int, pod: int, arrival: float, now: float, status: int) -> RequestResult:
+        prompt = routed.prompt
+        return RequestResult(
+            routed.id, stage, prompt.group, pod, arrival, now, now, len(prompt.token_ids), 0, 0, 0, True, status
+        )

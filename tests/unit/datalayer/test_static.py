@@ -93,3 +93,18 @@ def test_watcher_reloads_on_change_and_keeps_last_good_pool(tmp_path: Path) -> N
     f.unlink()
     assert not w.poll_once()
     assert len(ds) == 2
+
+
+def test_the_files_pool_name_names_the_pool_and_follows_reloads(tmp_path: Path) -> None:
+    f = tmp_path / "pool.yaml"
+    _write(f, "poolName: demo\nendpoints: [{address: 10.0.0.1, port: 8000}]", 0)
+    ds = Datastore(pool_name="static")  # what `llm-epp serve` starts with when no name is known
+    w = EndpointsFileWatcher(f, ds)
+    w.load()
+    assert ds.pool_name == "demo"
+    _write(f, "poolName: renamed\nendpoints: [{address: 10.0.0.1, port: 8000}]", 10)
+    assert w.poll_once()
+    assert ds.pool_name == "renamed"
+    _write(f, "endpoints: [{address: 10.0.0.2, port: 8000}]", 20)  # no name given: the last one stays
+    assert w.poll_once()
+    assert ds.pool_name == "renamed"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from llm_epp.plugins.scheduling.utilization_detector import UtilizationDetector
-from llm_epp.sim.cluster import ROUTERS, Cluster, EppRouter, RoutedRequest, RunResult, make_router
+from llm_epp.sim.cluster import ROUTERS, Cluster, EppRouter, RoundRobinRouter, RunResult, make_router
 from llm_epp.sim.profiles import TINY
 from llm_epp.sim.tokenizer import encode
+from llm_epp.sim.virtual_loop import VirtualClock
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage, poisson_offsets
 
 PODS = 4
@@ -113,14 +114,14 @@ schedulingProfiles:
 """
     router = make_router("llm-epp", 2, config_text=config)
     assert isinstance(router, EppRouter)
-    detector = router.loaded.plugins["utilization-detector"]
+    detector = router.config.plugins["utilization-detector"]
     assert isinstance(detector, UtilizationDetector)
-    idle = Cluster(TINY, 2).metrics()
-    far_future = 1.0e7  # virtual seconds, nowhere near this machine's monotonic clock
-    router.on_scrape(idle, far_future)
-    assert detector.saturation(router.endpoints) == 0.0  # fresh and idle on the virtual clock
-    router.pick(RoutedRequest("r1", SharedPrefixWorkload(**SMALL).next_prompt()), far_future + 1.0)
-    assert detector.saturation(router.endpoints) == 1.0  # a virtual second later the scrape is stale
+    clock = VirtualClock(1.0e7)  # virtual seconds, nowhere near this machine's monotonic clock
+    router.bind_clock(clock)
+    router.on_scrape(Cluster(TINY, 2).metrics(), clock.now)
+    assert detector.saturation(router.datastore.snapshot()) == 0.0  # fresh and idle on the virtual clock
+    clock.advance_to(clock.now + 1.0)
+    assert detector.saturation(router.datastore.snapshot()) == 1.0  # a virtual second later the scrape is stale
 
 
 def test_run_trace_plays_requests_at_the_given_times() -> None:
@@ -133,3 +134,17 @@ def test_run_trace_plays_requests_at_the_given_times() -> None:
     assert all(r.finish > r.first_token > r.arrival for r in results)
     with pytest.raises(ValueError, match="sorted"):
         Cluster(TINY, 2).run_trace(trace[::-1], make_router("round-robin", 2))
+
+
+class _BrokenRouter(RoundRobinRouter):
+    def pick(self, request, now):
+        if request.id == "req-2":
+            raise KeyError("a bug in the router")
+        return super().pick(request, now)
+
+
+def test_a_router_bug_stops_the_run_with_its_error() -> None:
+    workload = SharedPrefixWorkload(**SMALL)
+    trace = [(0.1 * k, workload.next_prompt()) for k in range(3)]
+    with pytest.raises(KeyError, match="a bug in the router"):
+        Cluster(TINY, 2).run_trace(trace, _BrokenRouter(2))

@@ -67,4 +67,4 @@ def _rank(s: ScoredEndpoint) -> float:
 
 
 def factory(name: str, params: Params, handle: Handle) -> MaxScorePicker:
-    return MaxScorePicker(name, params.max_num_of_endpoints)
+    return MaxScorePicker(name, params.max_num_of_endpoints, rng=handle.rng(name))

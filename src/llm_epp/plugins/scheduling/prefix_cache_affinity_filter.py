@@ -133,4 +133,5 @@ def factory(name: str, params: Params, handle: Handle) -> PrefixCacheAffinityFil
         params.exploration_probability,
         max_ttft_penalty_ms=params.max_ttft_penalty_ms,
         peak_prefill_throughput=params.peak_prefill_throughput,
+        rng=handle.rng(name),
     )

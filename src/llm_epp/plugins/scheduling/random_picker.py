@@ -44,4 +44,4 @@ class RandomPicker:
 
 
 def factory(name: str, params: Params, handle: Handle) -> RandomPicker:
-    return RandomPicker(name, params.max_num_of_endpoints)
+    return RandomPicker(name, params.max_num_of_endpoints, rng=handle.rng(name))

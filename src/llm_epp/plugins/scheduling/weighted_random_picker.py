@@ -71,4 +71,4 @@ def _order(item: tuple[float, float, ScoredEndpoint]) -> tuple[float, float]:
 
 
 def factory(name: str, params: Params, handle: Handle) -> WeightedRandomPicker:
-    return WeightedRandomPicker(name, params.max_num_of_endpoints)
+    return WeightedRandomPicker(name, params.max_num_of_endpoints, rng=handle.rng(name))
