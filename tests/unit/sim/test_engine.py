@@ -219,7 +219,7 @@ def test_preemption_when_kv_runs_out_and_every_request_finishes() -> None:
     assert m.kv_cache_usage_perc == 0.0 and m.num_requests_running == 0 and m.num_requests_waiting == 0
 
 
-def test_youngest_running_request_is_preempted_and_requeued_first() -> None:
+def test_running_request_scheduled_last_is_preempted_and_requeued_first() -> None:
     engine = Engine(_profile(num_gpu_blocks=12, max_num_seqs=8))
     engine.submit(SimRequest("old", _tokens(1, 48), max_tokens=100), 0.0)
     engine.submit(SimRequest("young", _tokens(2, 48), max_tokens=100), 0.0)
