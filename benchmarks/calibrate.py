@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also move each constant by -30%% and +30%% and show how the headline ratio moves (~10 min)",
     )
+    p.add_argument(
+        "--constants",
+        default=",".join(_CONSTANTS),
+        help="the constants --sensitivity moves, comma-separated (default: all of them)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--seeds", help="random seeds, comma-separated (default 1,2,3,4,5; --quick: 42)")
     p.add_argument("--seed", type=int, help="one random seed (the same as --seeds N)")
@@ -168,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [42] if args.quick else [1, 2, 3, 4, 5]
     if not seeds:
         p.error("--seeds: give at least one seed")
+    constants = [c.strip() for c in args.constants.split(",") if c.strip()]
+    unknown = sorted(set(constants) - set(_CONSTANTS))
+    if unknown:
+        p.error(f"--constants: unknown {', '.join(unknown)}; known: {', '.join(_CONSTANTS)}")
     profile = QWEN3_32B_H100_TP2
     command = command_line("benchmarks.calibrate", argv)
     out = [
@@ -211,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("round-robin", "llm-epp"):
             out += [details(name, s) for s in runs[(name, seeds[0])].stages]
         out += ["", *tail_shape(rr_all[0])]
+        if args.output:  # the core result, in case the sensitivity runs are stopped
+            Path(args.output).write_text("\n".join([*out, "", "(sensitivity running)"]) + "\n")
         if args.sensitivity:
-            out += ["", *sensitivity(stages, seeds[0], profile, args.jobs, rr_all[0], epp_all[0])]
+            out += ["", *sensitivity(stages, seeds[0], profile, args.jobs, rr_all[0], epp_all[0], constants)]
     except KeyboardInterrupt:
         out.append("\n(interrupted: partial results)")
     out.append(f"\nTook {time.perf_counter() - started:.0f} s.")
@@ -283,26 +294,44 @@ def _sensitivity_run(router: str, stages: tuple[Stage, ...], seed: int, profile:
 
 
 def sensitivity(
-    stages: tuple[Stage, ...], seed: int, profile: Profile, jobs: int, rr_base: StageStats, epp_base: StageStats
+    stages: tuple[Stage, ...],
+    seed: int,
+    profile: Profile,
+    jobs: int,
+    rr_base: StageStats,
+    epp_base: StageStats,
+    constants: list[str] | None = None,
 ) -> list[str]:
     """The headline ratio (llm-epp vs round-robin) with each constant moved by -30% and +30%."""
-    cases: list[tuple[str, float, Profile]] = []
-    for name in _CONSTANTS:
+    cases: list[tuple[str, float, Profile]] = [(WHAT_IF_LABEL, 0.0, dataclasses.replace(profile, **WHAT_IF))]
+    for name in constants if constants is not None else _CONSTANTS:
         for factor in (0.7, 1.3):
             value = getattr(profile, name)
             moved: Any = max(round(value * factor), 1) if isinstance(value, int) else value * factor
             cases.append((name, factor, dataclasses.replace(profile, **{name: moved})))
-    cases.append((WHAT_IF_LABEL, 0.0, dataclasses.replace(profile, **WHAT_IF)))
     print(f"  sensitivity: {len(cases) * 2} runs ...", file=sys.stderr, flush=True)
-    with ProcessPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = {
-            (name, factor, router): pool.submit(_sensitivity_run, router, stages, seed, moved)
-            for name, factor, moved in cases
-            for router in ("round-robin", "llm-epp")
-        }
-        got = {k: f.result() for k, f in futures.items()}
+    pool = ProcessPoolExecutor(max_workers=max(jobs, 1))
+    futures = {
+        (name, factor, router): pool.submit(_sensitivity_run, router, stages, seed, moved)
+        for name, factor, moved in cases
+        for router in ("round-robin", "llm-epp")
+    }
+    got: dict[tuple[str, float, str], StageStats] = {}
+    interrupted = False
+    try:
+        for key, future in futures.items():
+            got[key] = future.result()
+    except KeyboardInterrupt:  # keep the rows that finished
+        interrupted = True
+        pool.shutdown(wait=False, cancel_futures=True)
+        for key, future in futures.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                got[key] = future.result()
+    else:
+        pool.shutdown()
+    done = [(n, f, m) for n, f, m in cases if (n, f, "round-robin") in got and (n, f, "llm-epp") in got]
     out = [
-        "### Sensitivity: each constant moved by -30% / +30% (the others at their calibrated value)",
+        f"### Sensitivity, seed {seed}: each constant moved by -30% / +30% (the others at their calibrated value)",
         "",
         "| constant | factor | RR req/s | RR TTFT mean s | RR ITL ms | llm-epp req/s | llm-epp TTFT mean s | "
         "llm-epp ITL ms | req/s gain | TTFT change |",
@@ -317,7 +346,7 @@ def sensitivity(
         )
 
     out.append(row("(calibrated)", "1.0", rr_base, epp_base))
-    for name, factor, _ in cases:
+    for name, factor, _ in done:
         label, shown = (name, "-") if name == WHAT_IF_LABEL else (f"`{name}`", f"{factor:g}")
         out.append(row(label, shown, got[(name, factor, "round-robin")], got[(name, factor, "llm-epp")]))
     out += [
@@ -327,6 +356,8 @@ def sensitivity(
         "HBM bandwidth), with the prefill cost the published round-robin ITL then requires; see "
         "benchmarks/README.md (Calibration) for the arithmetic.",
     ]
+    if interrupted:
+        out.append("\n(sensitivity interrupted: the rows that finished)")
     return out
 
 
