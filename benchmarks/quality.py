@@ -650,6 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--smoke", action="store_true", help="tiny profile and workload, 4 and 8 pods (seconds)")
     p.add_argument(
+        "--ladder",
+        choices=("auto", "anchor", "scale", "short"),
+        default="auto",
+        help="stages after the warm-up: the anchor's 16 (3 -> 60 QPS), the scale ladder's 6, or 30 and 60 QPS "
+        "(rates x pods / 8); default: the anchor's at 8 pods, fewer for larger clusters",
+    )
+    p.add_argument(
         "--steady",
         default=",".join(f"{r:g}" for r in STEADY_RATES),
         help="offered rates of the steady-state runs at 8 pods, comma-separated ('' for none; default %(default)s)",
@@ -694,7 +701,10 @@ def main(argv: list[str] | None = None) -> int:
         scale_routers = routers
     else:
         sizes = [int(x) for x in args.pods.split(",") if x.strip()]
-        scenarios = [anchor_scenario(n, ladder_for(n)) for n in sizes]
+        ladders = {"anchor": ANCHOR_LADDER, "scale": SCALE_LADDER, "short": SHORT_LADDER}
+        scenarios = [
+            anchor_scenario(n, ladder_for(n) if args.ladder == "auto" else ladders[args.ladder]) for n in sizes
+        ]
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
 
