@@ -80,8 +80,11 @@ QWEN3_32B_H100_TP2 = Profile(
 The constants are estimates from hardware figures (below), checked against the published round-robin
 baseline by ``python -m benchmarks.calibrate`` (method, result and the +-30% sensitivity table in
 ``benchmarks/README.md``): round-robin on the anchor workload gives 0.96x the published requests/s and
-0.80x its ITL, both within the +-25% rule, and were therefore left as estimated; its mean TTFT is 2.7x the
-published one, which no constant within reach moves (the README explains why).
+0.80x its ITL (seeds 1-5), both within the +-25% rule, and were therefore left as estimated; its mean TTFT
+is 2.7x the published one, which no constant within reach moves (the README explains why).  The llm-epp
+side of the anchor is a prediction and falls short of the published one (0.67x requests/s, 1.6x ITL): the
+published llm-d ITL needs a decode step near the H100's bandwidth roofline, faster than ``step_base`` and
+``kv_read_cost_per_token`` below assume; the README shows the arithmetic and does not tune them to it.
 
 * ``num_gpu_blocks`` = 307,328 tokens / 16: the KV capacity per pod published with the anchor, and what the
   anchor's flags give.  The pods ran ``--gpu-memory-utilization=0.95``, tensor parallel 2, the default bf16
