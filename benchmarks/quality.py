@@ -27,7 +27,17 @@ Routers:
     python -m benchmarks.quality                  # 8 pods full ladder, then 32 and 128 pods (see --help)
     python -m benchmarks.quality --pods 8         # only the anchor size
     python -m benchmarks.quality --smoke          # seconds: tiny profile, tiny workload (for the test suite)
-    [--routers a,b] [--seed 42] [--jobs 2] [--output DIR] [--best-config FILE]
+    python -m benchmarks.quality --pods 8 --select   # choose "llm-epp best" among CANDIDATES on the selection
+                                                     # seeds first, then report it on the evaluation seeds
+    [--routers a,b] [--seeds 1,2,3,4,5 | --seed 42] [--select-seeds 42] [--jobs 2] [--output DIR]
+    [--best-config FILE]
+
+Seeds: every router runs on every evaluation seed (each seed draws its own prompts, shuffle and arrival times;
+within a seed every router gets the same trace).  The headline gives the mean over the seeds with a 95%
+t-interval over the per-seed values (``benchmarks.stats``); gains over round-robin are paired by seed.  The
+best configuration is chosen on other seeds than it is reported on: ``BEST_CONFIG`` was chosen on seed 42,
+and ``--select`` repeats the choice among ``CANDIDATES`` on ``--select-seeds`` (which must not overlap the
+evaluation seeds).  Per-stage tables and the steady-state runs are from the first evaluation seed.
 
 Writes ``quality.md``, ``quality.json`` and PNG plots (TTFT p90 vs QPS, throughput vs QPS per pod count) to
 ``--output`` (default ``benchmarks/results``).  Ctrl-C stops the runs and writes what has finished.
@@ -48,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import command_line, machine
+from benchmarks.stats import fmt_interval, t_interval
 from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
 from llm_epp.sim.profiles import Profile, get_profile
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage
@@ -77,6 +88,38 @@ group there, so where the first request lands decides the balance for good.  The
 queue and KV usage, scraped up to 50 ms earlier, and at 32 pods lets them cluster (180-210 requests per pod in
 the 240 QPS stage, 14% below the locality bound); spreading the first requests in turn balances the groups
 like the locality bound does (180-190) and matches its throughput, without changing anything at 8 pods."""
+
+CANDIDATES: dict[str, str | None] = {
+    "default (queue 2, kv 2, prefix 3)": None,
+    "default + no-hit-lru-scorer 2": BEST_CONFIG,
+    "queue 1, kv 1, prefix 5": """\
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 1}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 1}
+  - {pluginRef: prefix-cache-scorer, weight: 5}
+""",
+    "default + active-request-scorer 2": """\
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: active-request-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: active-request-scorer, weight: 2}
+""",
+}
+"""Configurations ``--select`` chooses "llm-epp best" from (the search in ``benchmarks/README.md`` had more)."""
 
 ROUTERS: dict[str, tuple[str, str | None]] = {
     "round-robin": ("round-robin", None),
@@ -160,6 +203,11 @@ def router_spec(label: str, best_config: str | None) -> tuple[str, str | None]:
 def run_one(label: str, scenario: Scenario, seed: int, best_config: str | None) -> RouterRun:
     """Plays ``scenario`` through the router called ``label`` on fresh pods (runs in a worker process)."""
     kind, config = router_spec(label, best_config)
+    return play(label, kind, config, scenario, seed)
+
+
+def play(label: str, kind: str, config: str | None, scenario: Scenario, seed: int) -> RouterRun:
+    """Plays ``scenario`` through a ``kind`` router with ``config`` on fresh pods, reporting as ``label``."""
     started = time.perf_counter()
     run = RouterRun(label, scenario.pods, seed)
     workload = scenario.workload(seed)
@@ -333,31 +381,46 @@ def _compare_stage(run: RouterRun, scenario: Scenario) -> StageStats | None:
     return run.stages[-1]
 
 
+def _by_label(runs: Sequence[RouterRun]) -> dict[str, dict[int, RouterRun]]:
+    """Runs grouped by router label, then by seed (labels in ``ROUTERS`` order, seeds ascending)."""
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    out: dict[str, dict[int, RouterRun]] = {}
+    for r in sorted(runs, key=lambda r: (order.get(r.label, len(order)), r.seed)):
+        out.setdefault(r.label, {})[r.seed] = r
+    return out
+
+
 def headline(runs: Sequence[RouterRun], scenario: Scenario) -> list[str]:
-    base = next((r for r in runs if r.label == "round-robin"), None)
-    base_stage = _compare_stage(base, scenario) if base else None
+    """One row per router: means over the seeds with 95% intervals; changes against round-robin paired by seed."""
+    grouped = _by_label(runs)
+    base = {seed: _compare_stage(r, scenario) for seed, r in grouped.get("round-robin", {}).items()}
     rate = _fmt(scenario.compare_rate or (scenario.stages[-1].rate), 0)
     out = [
-        f"| router | max QPS with TTFT p90 ≤ {SLO_TTFT_P90:g} s | req/s at {rate} QPS | vs round-robin | "
-        f"TTFT mean at {rate} QPS (s) | vs round-robin | ITL mean (ms) | prefix hit | preempt/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| router | seeds | max QPS with TTFT p90 ≤ {SLO_TTFT_P90:g} s (min-max) | req/s at {rate} QPS | "
+        f"vs round-robin | TTFT mean at {rate} QPS (s) | vs round-robin | ITL mean (ms) | prefix hit | preempt/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in runs:
-        s = _compare_stage(r, scenario)
-        measured = [st.rate for st in r.stages[scenario.warmup_stages :]]
-        best = max_qps_at_slo(r.stages, scenario.warmup_stages)
-        qps = f"< {min(measured):g}" if best == 0 and measured else _fmt(best, 0)
-        if s is None:
-            out.append(f"| {r.label} | {qps} | - | - | - | - | - | - | - |")
+    for label, by_seed in grouped.items():
+        bests = [max_qps_at_slo(r.stages, scenario.warmup_stages) for r in by_seed.values()]
+        lowest = min((st.rate for r in by_seed.values() for st in r.stages[scenario.warmup_stages :]), default=0.0)
+        qps = " - ".join(f"< {lowest:g}" if b == 0 else _fmt(b, 0) for b in (min(bests), max(bests)))
+        if min(bests) == max(bests):
+            qps = f"< {lowest:g}" if bests[0] == 0 else _fmt(bests[0], 0)
+        stages = {seed: _compare_stage(r, scenario) for seed, r in by_seed.items()}
+        got = {seed: st for seed, st in stages.items() if st is not None}
+        if not got:
+            out.append(f"| {label} | {len(by_seed)} | {qps} | - | - | - | - | - | - | - |")
             continue
-        d_rps = d_ttft = "-"
-        if base_stage is not None:
-            d_rps = f"{s.req_per_s / base_stage.req_per_s - 1:+.1%}"
-            d_ttft = f"{s.ttft_mean / base_stage.ttft_mean - 1:+.1%}"
-        done = max(s.requests - s.failures, 1)
+        paired = [(st, base[seed]) for seed, st in got.items() if base.get(seed) is not None]
+        d_rps = fmt_interval([st.req_per_s / b.req_per_s - 1 for st, b in paired if b], 1, percent=True)
+        d_ttft = fmt_interval([st.ttft_mean / b.ttft_mean - 1 for st, b in paired if b], 1, percent=True)
+        vals = list(got.values())
         out.append(
-            f"| {r.label} | {qps} | {_fmt(s.req_per_s)} | {d_rps} | {_fmt(s.ttft_mean)} | {d_ttft} | "
-            f"{_fmt(s.itl_mean * 1000, 1)} | {s.prefix_hit_rate:.3f} | {s.preemptions / done:.2f} |"
+            f"| {label} | {len(vals)} | {qps} | {fmt_interval([v.req_per_s for v in vals])} | {d_rps} | "
+            f"{fmt_interval([v.ttft_mean for v in vals])} | {d_ttft} | "
+            f"{fmt_interval([v.itl_mean for v in vals], 1, scale=1000)} | "
+            f"{fmt_interval([v.prefix_hit_rate for v in vals], 3)} | "
+            f"{fmt_interval([v.preemptions / max(v.requests - v.failures, 1) for v in vals])} |"
         )
     return out
 
@@ -378,17 +441,20 @@ def plot(runs: Sequence[RouterRun], scenario: Scenario, out_dir: Path, suffix: s
         ("throughput", "output_tokens_per_s", "output tokens/s", False),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in runs:
-            stages = r.stages[scenario.warmup_stages :]
-            if not stages:
+        for label, by_seed in _by_label(runs).items():
+            per_seed = [r.stages[scenario.warmup_stages :] for r in by_seed.values()]
+            n = min((len(st) for st in per_seed), default=0)
+            if n == 0:
                 continue
-            ax.plot([s.rate for s in stages], [getattr(s, key) for s in stages], marker="o", ms=3, label=r.label)
+            rates = [per_seed[0][k].rate for k in range(n)]
+            means = [t_interval([getattr(st[k], key) for st in per_seed])[0] for k in range(n)]
+            ax.plot(rates, means, marker="o", ms=3, label=label)
         if log:
             ax.set_yscale("log")
             ax.axhline(SLO_TTFT_P90, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("offered load (QPS, stage rate)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{scenario.pods} simulated pods ({scenario.profile}), shared prefix")
+        ax.set_title(f"{scenario.pods} simulated pods ({scenario.profile}), shared prefix; mean over seeds")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -407,11 +473,18 @@ def report(
     command: str,
     out_dir: Path,
     interrupted: bool,
+    selection: Sequence[str] = (),
 ) -> str:
+    seeds: list[int] = args.seeds
     lines = [
         "## Routing quality in virtual time",
         "",
-        f"`{command}`; seed {args.seed}; {machine()}",
+        f"`{command}`; seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; {machine()}",
+        "",
+        f"Headline figures are means over {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ± the half-width of "
+        "a 95% t-interval over the per-seed values (changes against round-robin: per-seed paired changes); each "
+        "seed draws its own prompts, shuffle and arrival times. Per-stage rows are from seed "
+        f"{seeds[0]} (every seed's stages are in quality.json).",
         "",
         "Same seeded arrival trace and prompt order for every router, fresh pods for each. Stage protocol of "
         "inference-perf (the next stage starts when the previous one has drained; req/s = N / (last end - first "
@@ -420,6 +493,8 @@ def report(
     ]
     if interrupted:
         lines += ["", "**Interrupted: partial results.**"]
+    if selection:
+        lines += ["", *selection]
     for sc in scenarios:
         runs = results.get(sc.pods, [])
         profile: Profile = get_profile(sc.profile)
@@ -439,10 +514,12 @@ def report(
         suffix = "" if sc.pods == 8 and sc.profile != "tiny" else f"_{sc.pods}"
         pngs = plot(runs, sc, out_dir, suffix) if runs else []
         lines += [f"![{p}]({p})" for p in pngs]
-        lines += ["", *STAGE_HEADER]
-        for r in runs:
+        lines += ["", f"Seed {seeds[0]}:", "", *STAGE_HEADER]
+        first = [r for r in runs if r.seed == seeds[0]]
+        for r in first:
             lines += [stage_row(r.label, s, k < sc.warmup_stages) for k, s in enumerate(r.stages)]
-        lines += ["", "Wall time per router: " + ", ".join(f"{r.label} {r.wall_seconds:.0f} s" for r in runs) + "."]
+        walls = {label: sum(r.wall_seconds for r in by_seed.values()) for label, by_seed in _by_label(runs).items()}
+        lines += ["", "Wall time per router, all seeds: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()) + "."]
         rows = [r for r in steady if r.pods == sc.pods]
         if rows:
             lines += [
@@ -463,10 +540,16 @@ def report(
 
 
 def to_json(
-    scenarios: Sequence[Scenario], results: dict[int, list[RouterRun]], steady: Sequence[SteadyRow], seed: int
+    scenarios: Sequence[Scenario],
+    results: dict[int, list[RouterRun]],
+    steady: Sequence[SteadyRow],
+    seeds: Sequence[int],
+    best_config: str | None = None,
 ) -> dict[str, Any]:
     return {
-        "seed": seed,
+        "seed": seeds[0],
+        "seeds": list(seeds),
+        "best_config": best_config if best_config is not None else BEST_CONFIG,
         "steady": [asdict(r) for r in steady],
         "slo_ttft_p90_s": SLO_TTFT_P90,
         "scenarios": [
@@ -476,17 +559,81 @@ def to_json(
                 "routers": [
                     {
                         "router": r.label,
+                        "seed": r.seed,
                         "max_qps_at_slo": max_qps_at_slo(r.stages, sc.warmup_stages),
                         "wall_seconds": r.wall_seconds,
                         "error": r.error,
                         "stages": [asdict(s) for s in r.stages],
                     }
-                    for r in results.get(sc.pods, [])
+                    for by_seed in _by_label(results.get(sc.pods, [])).values()
+                    for r in by_seed.values()
                 ],
             }
             for sc in scenarios
         ],
     }
+
+
+# --------------------------------------------------------------------------------------------- selection
+
+
+def selection_scenario(sc: Scenario) -> Scenario:
+    """``sc``'s warm-up stages followed by its compare stage only (what a candidate is judged on)."""
+    stages = list(sc.stages[: sc.warmup_stages])
+    rest = sc.stages[sc.warmup_stages :]
+    target = next((st for st in rest if sc.compare_rate and math.isclose(st.rate, sc.compare_rate)), rest[-1])
+    return Scenario(
+        sc.pods,
+        sc.profile,
+        sc.num_groups,
+        sc.prompts_per_group,
+        sc.system_prompt_len,
+        sc.question_len,
+        sc.output_len,
+        (*stages, target),
+        sc.warmup_stages,
+        sc.compare_rate,
+    )
+
+
+def select_best(sc: Scenario, seeds: Sequence[int], pool: ProcessPoolExecutor) -> tuple[str | None, list[str]]:
+    """Runs every ``CANDIDATES`` configuration on ``seeds`` and returns the one with the highest mean req/s at the
+    compare stage (ties: lower mean TTFT p90), and the report's lines about the choice."""
+    scenario = selection_scenario(sc)
+    futures = {
+        (name, seed): pool.submit(play, name, "llm-epp", config, scenario, seed)
+        for name, config in CANDIDATES.items()
+        for seed in seeds
+    }
+    stats: dict[str, list[StageStats]] = {name: [] for name in CANDIDATES}
+    for (name, _seed), future in futures.items():
+        run = future.result()
+        if run.stages:
+            stats[name].append(run.stages[-1])
+    scored = {
+        name: (t_interval([s.req_per_s for s in got])[0], -t_interval([s.ttft_p90 for s in got])[0])
+        for name, got in stats.items()
+        if got
+    }
+    chosen = max(scored, key=lambda name: scored[name])
+    lines = [
+        f"### Choosing 'llm-epp best' (selection seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(map(str, seeds))}, not reported below)",
+        "",
+        f"{sc.pods} pods; warm-up, then the {scenario.stages[-1].rate:g} QPS stage; the highest mean req/s wins.",
+        "",
+        "| configuration | req/s | TTFT p90 s | prefix hit | preempt/req | chosen |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, got in stats.items():
+        lines.append(
+            f"| {name} | {fmt_interval([s.req_per_s for s in got])} | {fmt_interval([s.ttft_p90 for s in got])} | "
+            f"{fmt_interval([s.prefix_hit_rate for s in got], 3)} | "
+            f"{fmt_interval([s.preemptions / max(s.requests - s.failures, 1) for s in got])} | "
+            f"{'**yes**' if name == chosen else ''} |"
+        )
+    print(f"  selection: {chosen}", file=sys.stderr, flush=True)
+    return CANDIDATES[chosen], lines
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -503,11 +650,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--smoke", action="store_true", help="tiny profile and workload, 4 and 8 pods (seconds)")
     p.add_argument(
+        "--ladder",
+        choices=("auto", "anchor", "scale", "short"),
+        default="auto",
+        help="stages after the warm-up: the anchor's 16 (3 -> 60 QPS), the scale ladder's 6, or 30 and 60 QPS "
+        "(rates x pods / 8); default: the anchor's at 8 pods, fewer for larger clusters",
+    )
+    p.add_argument(
         "--steady",
         default=",".join(f"{r:g}" for r in STEADY_RATES),
         help="offered rates of the steady-state runs at 8 pods, comma-separated ('' for none; default %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seeds", help="evaluation seeds, comma-separated (default 1,2,3,4,5; --smoke: 42)")
+    p.add_argument("--seed", type=int, help="one evaluation seed (the same as --seeds N)")
+    p.add_argument(
+        "--select",
+        action="store_true",
+        help="first choose 'llm-epp best' among CANDIDATES on --select-seeds (warm-up and the compare stage)",
+    )
+    p.add_argument("--select-seeds", default="42", help="seeds of the --select runs (default 42)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--best-config", help="EndpointPickerConfig file for the 'llm-epp best' router")
     p.add_argument("--output", default=str(RESULTS), help="directory for quality.md/.json/.png")
@@ -520,23 +681,42 @@ def main(argv: list[str] | None = None) -> int:
         if name not in ROUTERS:
             p.error(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
     best_config = Path(args.best_config).read_text() if args.best_config else None
+    if args.seed is not None and args.seeds:
+        p.error("give --seed or --seeds, not both")
+    if args.seed is not None:
+        args.seeds = [args.seed]
+    elif args.seeds:
+        args.seeds = sorted({int(x) for x in args.seeds.split(",") if x.strip()})
+    else:
+        args.seeds = [42] if args.smoke else [1, 2, 3, 4, 5]
+    if not args.seeds:
+        p.error("--seeds: give at least one seed")
+    select_seeds = sorted({int(x) for x in args.select_seeds.split(",") if x.strip()})
+    if args.select and (not select_seeds or set(select_seeds) & set(args.seeds)):
+        p.error("--select-seeds must be given and must not overlap the evaluation seeds")
+    if args.select and best_config is not None:
+        p.error("give --select or --best-config, not both")
     if args.smoke:
         scenarios = [smoke_scenario(4), smoke_scenario(8)]
         scale_routers = routers
     else:
         sizes = [int(x) for x in args.pods.split(",") if x.strip()]
-        scenarios = [anchor_scenario(n, ladder_for(n)) for n in sizes]
+        ladders = {"anchor": ANCHOR_LADDER, "scale": SCALE_LADDER, "short": SHORT_LADDER}
+        scenarios = [
+            anchor_scenario(n, ladder_for(n) if args.ladder == "auto" else ladders[args.ladder]) for n in sizes
+        ]
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    print(f"{command}\nseed {args.seed}; jobs {args.jobs}; {machine()}", file=sys.stderr)
+    print(f"{command}\nseeds {args.seeds}; jobs {args.jobs}; {machine()}", file=sys.stderr)
     for sc in scenarios:
         names = routers if sc.pods == 8 or args.smoke else scale_routers
         print(f"  {sc.pods} pods ({sc.profile}): routers {', '.join(names)}; {sc}", file=sys.stderr)
-    jobs: list[tuple[str, Scenario]] = []
-    for sc in scenarios:
-        names = routers if sc.pods == 8 or args.smoke else scale_routers
-        jobs += [(name, sc) for name in names]
+    jobs: list[tuple[str, Scenario, int]] = []
+    for seed in args.seeds:
+        for sc in scenarios:
+            names = routers if sc.pods == 8 or args.smoke else scale_routers
+            jobs += [(name, sc, seed) for name in names]
 
     steady_rates = [float(x) for x in args.steady.split(",") if x.strip()]
     steady_seconds, steady_skip = STEADY_SECONDS, STEADY_SKIP
@@ -553,15 +733,19 @@ def main(argv: list[str] | None = None) -> int:
     steady: list[SteadyRow] = []
     interrupted = False
     started = time.perf_counter()
+    selection: list[str] = []
     pool = ProcessPoolExecutor(max_workers=max(args.jobs, 1))
     futures: dict[Future[Any], str] = {}
     try:
-        futures = {pool.submit(run_one, name, sc, args.seed, best_config): name for name, sc in jobs}
+        if args.select:
+            best_config, selection = select_best(scenarios[0], select_seeds, pool)
+        futures = {pool.submit(run_one, name, sc, seed, best_config): name for name, sc, seed in jobs}
         if steady_scenario is not None:
+            first = args.seeds[0]
             futures.update(
                 {
                     pool.submit(
-                        run_steady, name, steady_scenario, rate, args.seed, best_config, steady_seconds, steady_skip
+                        run_steady, name, steady_scenario, rate, first, best_config, steady_seconds, steady_skip
                     ): name
                     for name, rate in steady_jobs
                 }
@@ -587,12 +771,13 @@ def main(argv: list[str] | None = None) -> int:
         pool.shutdown()
     order = {name: i for i, name in enumerate(ROUTERS)}
     for runs in results.values():
-        runs.sort(key=lambda r: order[r.label])
+        runs.sort(key=lambda r: (order[r.label], r.seed))
 
-    text = report(scenarios, results, steady, args, command, out_dir, interrupted)
+    text = report(scenarios, results, steady, args, command, out_dir, interrupted, selection)
     text += f"\nTook {time.perf_counter() - started:.0f} s.\n"
     (out_dir / "quality.md").write_text(text)
-    (out_dir / "quality.json").write_text(json.dumps(to_json(scenarios, results, steady, args.seed), indent=1) + "\n")
+    data = to_json(scenarios, results, steady, args.seeds, best_config)
+    (out_dir / "quality.json").write_text(json.dumps(data, indent=1) + "\n")
     print(text)
     return 130 if interrupted else 0
 

@@ -21,18 +21,23 @@ What is modelled (see ``docs/simulator.md``):
   kv_read_cost_per_token * kv_tokens + lora_load_time * adapters_loaded``, where ``kv_tokens`` is the
   context (computed + newly scheduled tokens) of every request scheduled in the step.  Tokens produced by a
   step are emitted at its end.
-* Block-level prefix cache: ``block_size`` tokens per block, ``num_gpu_blocks`` blocks.  Only full prompt
-  blocks are content-addressed; block ``i``'s id is ``xxh3_64(parent id || token ids of block i)`` with a
-  root id derived from the LoRA adapter name (so adapters never share blocks).  Blocks held by running
-  requests are pinned (reference counted).  Freed blocks stay cached in an LRU list (a request's blocks are
-  freed tail first, so its tail is evicted first) and are evicted only when no never-used/anonymous block
-  is free.  A new request reuses the longest cached run of its full prompt blocks, at most
-  ``num_tokens - 1`` tokens (one token is always computed, as in vLLM); those tokens are not prefilled and
-  are reported as ``cached_tokens`` (from the first admission).
-* Preemption by recompute: when a running request needs a block and none is free or evictable, the
-  youngest running request is preempted: its blocks are released and it goes back to the FRONT of the
-  waiting queue; when readmitted it prefills prompt + tokens generated so far (minus any cached prefix)
-  and continues.  Tokens already emitted are not emitted again.
+* Block-level prefix cache, as vLLM V1's block pool: ``block_size`` tokens per block, ``num_gpu_blocks``
+  blocks.  Every full block whose KV has been computed is content-addressed, prompt and generated tokens
+  alike: block ``i``'s id is ``xxh3_64(parent id || token ids of block i)`` with a root id derived from the
+  LoRA adapter name (so adapters never share blocks).  Generated tokens are a deterministic function of the
+  request id and their position, so a request's generated blocks are its own.  Blocks held by running
+  requests are pinned (reference counted).  Free blocks form ONE queue: blocks never used yet first, then
+  freed blocks, cached or not, in the order they were freed (a request's blocks are freed tail first, so its
+  tail is evicted first); an allocation takes the head of the queue and evicts its cached content.  A request
+  being admitted reuses the longest cached run of its full blocks, at most ``num_tokens - 1`` tokens (one
+  token is always computed, as in vLLM); those tokens are not prefilled.  Prefix-cache queries and hits
+  count new requests only (vLLM counts resumed ones apart); ``cached_tokens`` is the first admission's hit.
+* Preemption by recompute (vLLM V1, FCFS): when a running request needs a block and none is free, the
+  running request scheduled last is preempted: its blocks are freed (their cached content stays until
+  evicted) and it goes back to the FRONT of the waiting queue; when readmitted it looks up prompt + tokens
+  generated so far in the prefix cache, like any request, prefills what was evicted in the meantime, and
+  continues.  Tokens already emitted are not emitted again.  No new request is admitted in a step that
+  preempted.
 * LoRA: ``max_loras`` resident adapters.  Admitting a request whose adapter is not resident loads it
   into a free slot, or unloads the least recently used resident adapter that no running request uses;
   otherwise the request waits.  A load adds ``lora_load_time`` to that step; a resident adapter is not
@@ -61,6 +66,8 @@ from llm_epp.sim.profiles import Profile
 __all__ = ["Engine", "EngineMetrics", "EventKind", "RequestEvent", "SimRequest", "block_hashes"]
 
 _ROOT_NO_LORA = xxhash.xxh3_64_intdigest(b"llm-epp-sim:root")
+_GENERATED = struct.Struct("<QQQ")
+"""Content id of a block holding generated tokens: (parent id, request salt, block index) + any prompt tail."""
 
 
 def _root_hash(lora: str | None) -> int:
@@ -129,7 +136,8 @@ class EngineMetrics:
     kv_cache_usage_perc: float
     """Pinned blocks / num_gpu_blocks, 0..1 (cached but unpinned blocks count as free, as in vLLM)."""
     prefix_cache_queries: int
-    """Tokens looked up in the prefix cache (every admission, readmissions after preemption included)."""
+    """Tokens looked up in the prefix cache by new requests (a request resumed after preemption is not counted,
+    as vLLM counts those apart)."""
     prefix_cache_hits: int
     """Of those, tokens found cached."""
     running_lora_adapters: tuple[str, ...]
@@ -169,14 +177,23 @@ class _Req:
         "num_tokens",
         "preemptions",
         "rid",
+        "salt",
+        "tail",
     )
 
-    def __init__(self, request: SimRequest, hashes: list[int]) -> None:
+    def __init__(self, request: SimRequest, hashes: list[int], block_size: int) -> None:
         self.rid = request.id
         self.lora = request.lora
         self.max_tokens = request.max_tokens
         self.num_prompt = len(request.prompt_token_ids)
         self.hashes = hashes
+        """Ids of the request's full blocks known so far (prompt blocks, then blocks with generated tokens)."""
+        self.salt = xxhash.xxh3_64_intdigest(request.id.encode("utf-8"))
+        """Stands for the generated token ids, which depend on the request and their position only."""
+        n_tail = self.num_prompt % block_size
+        tail = request.prompt_token_ids[self.num_prompt - n_tail :] if n_tail else ()
+        self.tail = struct.pack(f"<{len(tail)}q", *tail)
+        """The prompt tokens after its last full block: the start of the first block with generated tokens."""
         self.num_tokens = self.num_prompt  # prompt + output tokens so far
         self.num_computed = 0  # tokens whose KV is in the cache
         self.num_hashed = 0  # leading blocks already matched/registered in the prefix cache
@@ -204,8 +221,12 @@ class Engine:
         self._running: list[_Req] = []
         self._active_ids: set[str] = set()
         self._cache: dict[int, _Block] = {}
-        self._lru: OrderedDict[int, _Block] = OrderedDict()
-        self._free_anon = profile.num_gpu_blocks
+        self._never_used = profile.num_gpu_blocks
+        """Blocks never allocated yet: the head of vLLM's free queue."""
+        self._free: OrderedDict[int, _Block] = OrderedDict()
+        """Freed blocks in the order they were freed (least recently used first); key: the block's content id,
+        or a unique negative number for a block with no content id."""
+        self._anon_keys = 0
         self._loaded: OrderedDict[str, None] = OrderedDict()
         self._step_start: float | None = None
         self._step: _Step | None = None
@@ -255,7 +276,8 @@ class Engine:
                 raise ValueError(f"advance the engine to {now} before submitting")
         self._clock = now
         self._active_ids.add(request.id)
-        self._waiting.append(_Req(request, block_hashes(request.prompt_token_ids, self._bs, request.lora)))
+        hashes = block_hashes(request.prompt_token_ids, self._bs, request.lora)
+        self._waiting.append(_Req(request, hashes, self._bs))
         if self._step is None and self._step_start is None:
             self._step_start = now
 
@@ -287,7 +309,7 @@ class Engine:
     def metrics(self) -> EngineMetrics:
         """The current state; does not plan or run anything."""
         p = self.profile
-        pinned = p.num_gpu_blocks - self._free_anon - len(self._lru)
+        pinned = p.num_gpu_blocks - self._available()
         return EngineMetrics(
             num_requests_running=len(self._running),
             num_requests_waiting=len(self._waiting),
@@ -319,22 +341,23 @@ class Engine:
     # ---------------------------------------------------------------- blocks
 
     def _available(self) -> int:
-        return self._free_anon + len(self._lru)
+        return self._never_used + len(self._free)
 
     def _allocate(self, r: _Req, total_tokens: int) -> bool:
         need = -(-total_tokens // self._bs) - len(r.blocks)
         if need <= 0:
             return True
-        if need > self._free_anon + len(self._lru):
+        if need > self._never_used + len(self._free):
             return False
         blocks = r.blocks
         for _ in range(need):
-            if self._free_anon > 0:
-                self._free_anon -= 1
+            if self._never_used > 0:
+                self._never_used -= 1
             else:
-                h, _evicted = self._lru.popitem(last=False)
-                del self._cache[h]
-                self._evictions += 1
+                _key, reused = self._free.popitem(last=False)
+                if reused.hash is not None:
+                    del self._cache[reused.hash]
+                    self._evictions += 1
             blocks.append(_Block(None))
         return True
 
@@ -343,12 +366,25 @@ class Engine:
             b.ref -= 1
             if b.ref == 0:
                 if b.hash is not None:
-                    self._lru[b.hash] = b
+                    self._free[b.hash] = b
                 else:
-                    self._free_anon += 1
+                    self._anon_keys -= 1
+                    self._free[self._anon_keys] = b
         r.blocks = []
         r.num_computed = 0
         r.num_hashed = 0
+
+    def _extend_hashes(self, r: _Req, num_blocks: int) -> None:
+        """Make the ids of ``r``'s first ``num_blocks`` full blocks known (their tokens must exist)."""
+        hashes = r.hashes
+        first_generated = r.num_prompt // self._bs
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else _root_hash(r.lora)
+            content = _GENERATED.pack(parent, r.salt, i)
+            if i == first_generated:
+                content += r.tail
+            hashes.append(xxhash.xxh3_64_intdigest(content))
 
     def _preempt(self, r: _Req) -> None:
         self._release(r)
@@ -419,7 +455,9 @@ class Engine:
                     continue
                 # Longest cached run of full blocks, leaving at least one token to compute.
                 hits: list[_Block] = []
-                max_blocks = min((r.num_tokens - 1) // bs, len(r.hashes))
+                max_blocks = (r.num_tokens - 1) // bs
+                if len(r.hashes) < max_blocks:
+                    self._extend_hashes(r, max_blocks)
                 cache = self._cache
                 for k in range(max_blocks):
                     b = cache.get(r.hashes[k])
@@ -435,7 +473,7 @@ class Engine:
                 for b in hits:
                     if b.ref == 0:
                         assert b.hash is not None
-                        del self._lru[b.hash]
+                        del self._free[b.hash]
                     b.ref += 1
                 r.blocks = hits
                 r.num_computed = hit_tokens
@@ -448,8 +486,9 @@ class Engine:
                 running.append(r)
                 scheduled.append((r, n))
                 budget -= n
-                self._queries += r.num_tokens
-                self._hits += hit_tokens
+                if r.preemptions == 0:  # vLLM keeps resumed requests' lookups out of these counters
+                    self._queries += r.num_tokens
+                    self._hits += hit_tokens
                 if r.cached_tokens < 0:
                     r.cached_tokens = hit_tokens
             waiting.extendleft(reversed(skipped))
@@ -486,7 +525,9 @@ class Engine:
         finished = False
         for r, n in step.scheduled:
             r.num_computed += n
-            full = min(r.num_computed // bs, len(r.hashes))
+            full = r.num_computed // bs
+            if len(r.hashes) < full:
+                self._extend_hashes(r, full)
             while r.num_hashed < full:
                 b = r.blocks[r.num_hashed]
                 h = r.hashes[r.num_hashed]

@@ -48,7 +48,7 @@ def test_profiles_registered_and_documented() -> None:
     assert set(PROFILES) == {"qwen3-32b-h100-tp2", "tiny"}
     assert get_profile("tiny") is TINY
     assert QWEN3_32B_H100_TP2.kv_capacity_tokens == 307_328
-    assert QWEN3_32B_H100_TP2.max_num_seqs == 256 and QWEN3_32B_H100_TP2.max_num_batched_tokens == 8192
+    assert QWEN3_32B_H100_TP2.max_num_seqs == 1024 and QWEN3_32B_H100_TP2.max_num_batched_tokens == 8192
     with pytest.raises(KeyError, match="known: qwen3-32b-h100-tp2, tiny"):
         get_profile("nope")
     with pytest.raises(ValueError, match="step_base"):
@@ -157,27 +157,30 @@ def test_full_prompt_hit_still_computes_one_token() -> None:
     assert _by_kind(events, EventKind.FINISHED)["b"].cached_tokens == 48
 
 
-def test_eviction_is_lru_among_unpinned_blocks_tail_first() -> None:
-    # 8 blocks of 16; each prompt = 2 full blocks + 1 token, 1 output token -> 3 blocks while running.
+def test_free_blocks_form_one_queue_in_the_order_they_were_freed() -> None:
+    # 8 blocks of 16; each prompt = 2 full blocks + 1 token, 1 output token -> 2 cached blocks + 1 block with no
+    # content id (the partial one) while running.  A request's blocks are freed tail first.
     engine = Engine(_profile(num_gpu_blocks=8))
     prompts = {name: _tokens(seed, 33) for seed, name in enumerate("ABCDF")}
 
     def run(name: str, rid: str | None = None) -> None:
         _run(engine, [(engine.clock + 1.0, SimRequest(rid or name, prompts[name], max_tokens=1))])
 
-    for name in "ABC":
-        run(name)
+    run("A")  # never-used blocks go first: 5 left; free queue: A's partial block, A1, A0
+    run("B")  # 2 never-used left; queue: A-partial, A1, A0, B-partial, B1, B0
+    run("C")  # the last 2 never-used blocks, then the queue's head (A's partial block: nothing evicted)
     assert all(engine.cached_prefix_tokens(prompts[n]) == 32 for n in "ABC")
-    run("D")  # one anonymous block left: evicts the oldest unpinned block, A's tail
-    assert engine.cached_prefix_tokens(prompts["A"]) == 16
-    run("B", "B-again")  # a hit refreshes B's blocks
-    assert engine.metrics().prefix_cache_hits == 32
-    run("F")  # evicts A's head then C's tail (B was refreshed)
+    assert engine.metrics().evicted_blocks == 0
+    run("D")  # takes A1, A0 (A's tail first) and B's partial block
     assert engine.cached_prefix_tokens(prompts["A"]) == 0
-    assert engine.cached_prefix_tokens(prompts["C"]) == 16
+    assert engine.metrics().evicted_blocks == 2
+    run("B", "B-again")  # a hit takes B's blocks out of the queue; they rejoin it at the tail when freed
+    assert engine.metrics().prefix_cache_hits == 32
+    run("F")  # the head now: C's partial block, C1, C0 -- B was refreshed, D is younger
+    assert engine.cached_prefix_tokens(prompts["C"]) == 0
     assert engine.cached_prefix_tokens(prompts["B"]) == 32
     assert engine.cached_prefix_tokens(prompts["D"]) == 32
-    assert engine.metrics().evicted_blocks == 3
+    assert engine.metrics().evicted_blocks == 4
 
 
 def test_blocks_of_running_requests_are_never_evicted() -> None:
@@ -216,7 +219,7 @@ def test_preemption_when_kv_runs_out_and_every_request_finishes() -> None:
     assert m.kv_cache_usage_perc == 0.0 and m.num_requests_running == 0 and m.num_requests_waiting == 0
 
 
-def test_youngest_running_request_is_preempted_and_requeued_first() -> None:
+def test_running_request_scheduled_last_is_preempted_and_requeued_first() -> None:
     engine = Engine(_profile(num_gpu_blocks=12, max_num_seqs=8))
     engine.submit(SimRequest("old", _tokens(1, 48), max_tokens=100), 0.0)
     engine.submit(SimRequest("young", _tokens(2, 48), max_tokens=100), 0.0)
@@ -229,6 +232,50 @@ def test_youngest_running_request_is_preempted_and_requeued_first() -> None:
     m = engine.metrics()
     assert m.num_requests_running == 1
     assert engine._waiting[0].rid == "young"  # front of the queue, ahead of "later"
+
+
+def _step_until(engine: Engine, kind: EventKind, rid: str) -> list[RequestEvent]:
+    events: list[RequestEvent] = []
+    while not any(e.kind is kind and e.request_id == rid for e in events):
+        t = engine.next_event_time()
+        assert t is not None
+        events.extend(engine.advance(t))
+    return events
+
+
+def test_a_preempted_request_resumes_from_its_own_cached_blocks() -> None:
+    # 12 blocks.  A and B (32-token prompts) run in lock step; at 96 computed tokens each holds 6 full blocks and
+    # A needs a 7th for its last token: B, scheduled last, is preempted.  Its 6 blocks (2 prompt, 4 generated)
+    # are freed tail first, A takes B's tail block and finishes.  Resumed, B finds its other 5 blocks cached and
+    # prefills only the 17 tokens after them, not its prompt and the 65 tokens it had generated.
+    p = _profile(num_gpu_blocks=12, max_num_seqs=8)
+    engine = Engine(p)
+    engine.submit(SimRequest("A", _tokens(1, 32), max_tokens=66), 0.0)
+    engine.submit(SimRequest("B", _tokens(2, 32), max_tokens=150), 0.0)
+    events = _step_until(engine, EventKind.FINISHED, "A")
+    assert engine.metrics().num_preemptions == 1
+    assert [e.token_index for e in events if e.request_id == "B"][-1] == 64  # B had emitted 65 tokens
+    start = engine.clock
+    end = engine.next_event_time()  # B is readmitted: 5 cached blocks (80 tokens), 97 tokens in all
+    assert end is not None
+    assert end - start == pytest.approx(p.step_base + p.prefill_cost_per_token * 17 + p.kv_read_cost_per_token * 97)
+    rest = _run(engine, [])
+    b_tokens = [e.token_index for e in events + rest if e.request_id == "B" and e.kind is not EventKind.FINISHED]
+    assert b_tokens == list(range(150))  # nothing emitted twice, nothing skipped
+    done = _by_kind(rest, EventKind.FINISHED)["B"]
+    assert done.preemptions == 1 and done.cached_tokens == 0
+    m = engine.metrics()
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (64, 0)  # the resumed lookup is not counted
+    assert m.evicted_blocks >= 1
+
+
+def test_generated_blocks_are_private_to_their_request() -> None:
+    # Same prompt, different requests: the prompt's blocks are shared, the generated ones are not.
+    prompt = _tokens(3, 32)
+    engine = Engine(TINY)
+    _run(engine, [(0.0, SimRequest("a", prompt, max_tokens=40))])
+    events = _run(engine, [(engine.clock + 1.0, SimRequest("b", prompt + _tokens(4, 64), max_tokens=1))])
+    assert _by_kind(events, EventKind.FINISHED)["b"].cached_tokens == 32
 
 
 def test_queueing_at_max_num_seqs() -> None:
