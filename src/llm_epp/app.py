@@ -20,6 +20,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.flowcontrol import FlowController
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
 from llm_epp.legacy_flags import apply_legacy_metrics_flags
@@ -30,6 +31,7 @@ from llm_epp.observability import (
     configure_logging,
     start_health_server,
 )
+from llm_epp.observability.flowcontrol_metrics import FlowControlMetrics
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
@@ -123,6 +125,14 @@ def build(opts: Options) -> Components:
     if problem := experimental_plugin_problem(config.plugin_types, opts.allow_experimental_plugins):
         raise StartupError(problem)
     apply_legacy_metrics_flags(config, opts)
+    flow_control = None
+    if config.flow_control is not None and config.saturation is not None:
+        flow_control = FlowController(
+            config.flow_control,
+            config.saturation,
+            datastore.snapshot,
+            FlowControlMetrics(recorder.registry, opts.pool_name),
+        )
     director = Director(
         datastore.snapshot,
         config.scheduler,
@@ -138,6 +148,7 @@ def build(opts: Options) -> Components:
         saturation=config.saturation,
         parsers=configured_parsers(config),
         tracer=tracer,
+        flow_control=flow_control,
     )
     servicer = ExtProcServicer(
         director,

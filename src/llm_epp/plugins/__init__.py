@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from llm_epp.framework import Registry
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
+from llm_epp.plugins.flowcontrol import (
+    edf_ordering,
+    fcfs_ordering,
+    global_strict_fairness,
+    priority_holdback,
+    round_robin_fairness,
+    slo_deadline_ordering,
+    static_usage_limit,
+)
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
 from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
 from llm_epp.plugins.scheduling import (
@@ -60,6 +69,13 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
+    global_strict_fairness,
+    round_robin_fairness,
+    fcfs_ordering,
+    edf_ordering,
+    slo_deadline_ordering,
+    static_usage_limit,
+    priority_holdback,
 )
 
 
