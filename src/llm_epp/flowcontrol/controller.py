@@ -2,7 +2,8 @@
 its time to live runs out, the queues are full, or its caller goes away.
 
 Dispatch cycle (synchronous, on the event loop): measure the whole pool's saturation with the saturation
-detector, ask the usage-limit policy for one ceiling per active band (highest priority first), and walk
+detector, ask the usage-limit policy for one ceiling per band (configured bands and those provisioned for
+priorities seen since, highest priority first), and walk
 the bands from high to low; the cycle stops at the first band whose ceiling the saturation reaches (so a
 lower band never overtakes a blocked higher one); otherwise the band's fairness policy picks a flow and the
 flow's ordering policy its head, which is released. One request is released per cycle. The next cycle
@@ -102,6 +103,9 @@ class FlowController:
         self._observer = observer
         self._poll_interval = poll_interval
         self.bands: dict[int, Band] = {}
+        self._priorities: list[int] = []  # every band's priority, highest first
+        for priority in config.bands:
+            self._band(priority)
         self.length = 0
         self.bytes = 0
         self.unsettled = 0
@@ -170,6 +174,7 @@ class FlowController:
         band = self.bands.get(priority)
         if band is None:
             band = self.bands[priority] = Band(self.config.band_for(priority))
+            self._priorities = sorted(self.bands, reverse=True)
         return band
 
     def _capacity_problem(self, band: Band, size: int) -> str | None:
@@ -258,15 +263,15 @@ class FlowController:
         obs = self._observer
         if obs is not None:
             obs.pool_saturation(saturation)
-        active = sorted((p for p, b in self.bands.items() if b.length), reverse=True)
-        if not active:
-            return
+        active = self._priorities
         ceilings = [1.0] * len(active)
         self.config.usage_limit.compute_limit(saturation, active, ceilings)
         for priority, ceiling in zip(active, ceilings, strict=True):
             if saturation >= ceiling:
                 return  # head-of-line blocking keeps strict priority
             band = self.bands[priority]
+            if not band.length:
+                continue
             view = band.config.fairness.pick_flow(band)
             if view is None:
                 continue
