@@ -14,6 +14,7 @@ import pytest
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
@@ -24,6 +25,9 @@ REGISTRY = builtin_registry()
 TYPES = REGISTRY.types()
 HEADINGS = ("Scheduling intent", "Inputs consumed", "Configuration")
 EXTENSION_POINTS: tuple[Any, ...] = (
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
     Filter,
     Scorer,
     Picker,
@@ -49,8 +53,12 @@ _PREFIX = {
     "lruCapacityPerServer": 31250,
 }
 # Parameters with the keys reference (GIE v1.5 / llm-d) EndpointPickerConfig files use.
+REQUIRED_PARAMS = {"priority-holdback-policy": "minCeiling"}
+"""Types whose upstream factory refuses to build without a parameter, and that parameter."""
+
 REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "max-score-picker": {"maxNumOfEndpoints": 2},
+    "priority-holdback-policy": {"minCeiling": 0.5},
     "random-picker": {"maxNumOfEndpoints": 2},
     "weighted-random-picker": {"maxNumOfEndpoints": 2},
     "prefix-cache-scorer": _PREFIX,
@@ -101,6 +109,11 @@ def test_the_registry_is_not_empty() -> None:
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_default_params_are_valid(plugin_type: str) -> None:
+    if plugin_type in REQUIRED_PARAMS:  # as upstream: these cannot be built without them
+        with pytest.raises(PluginParamsError) as info:
+            REGISTRY.parse_params(plugin_type, None)
+        assert [path for path, _ in info.value.problems] == [REQUIRED_PARAMS[plugin_type]]
+        return
     params = REGISTRY.parse_params(plugin_type, None)
     assert isinstance(params, REGISTRY.entry(plugin_type).params_model)
 
@@ -108,7 +121,7 @@ def test_default_params_are_valid(plugin_type: str) -> None:
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_unknown_parameter_keys_are_rejected_by_name(plugin_type: str) -> None:
     with pytest.raises(PluginParamsError) as info:
-        REGISTRY.parse_params(plugin_type, {"noSuchParameter": 1})
+        REGISTRY.parse_params(plugin_type, {**REFERENCE_PARAMS.get(plugin_type, {}), "noSuchParameter": 1})
     assert info.value.problems == [("noSuchParameter", "unknown parameter")]
     assert "noSuchParameter" in str(info.value)
 
@@ -142,14 +155,14 @@ def test_names_are_mechanical(plugin_type: str) -> None:
     module = _module(plugin_type)
     snake = plugin_type.replace("-", "_")
     assert module.__name__.rsplit(".", 1)[1] == snake
-    plugin = REGISTRY.build(plugin_type, plugin_type, None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, plugin_type, REFERENCE_PARAMS.get(plugin_type), FakeHandle())
     assert type(plugin).__name__ == _camel(plugin_type)
     assert (TESTS_ROOT / "unit" / "plugins" / f"test_{snake}.py").is_file(), "each plugin has a test module"
 
 
 @pytest.mark.parametrize("plugin_type", TYPES)
 def test_built_plugin_implements_an_extension_point(plugin_type: str) -> None:
-    plugin = REGISTRY.build(plugin_type, "instance", None, FakeHandle())
+    plugin = REGISTRY.build(plugin_type, "instance", REFERENCE_PARAMS.get(plugin_type), FakeHandle())
     assert plugin.typed_name.type == plugin_type
     assert plugin.typed_name.name == "instance"
     implemented = [p.__name__ for p in EXTENSION_POINTS if isinstance(plugin, p)]

@@ -224,9 +224,8 @@ def resolve_flow_control(
         if plugin is None and name in declared:
             ok = False  # declared but failed to build: its own problem is reported
             return None
-        if plugin is None and not ref and name in registry:
-            plugin = next((p for p in plugins.values() if types.get(p.typed_name.name) == name), None)
-            plugin = plugin or add_default(name)
+        if plugin is None and not ref and name in registry:  # upstream's default, by its type name
+            plugin = add_default(name)
         if plugin is None:
             ok = False
             problems.append(
@@ -289,6 +288,17 @@ def resolve_flow_control(
     if fc is not None and fc.enable_eviction:
         ok = False
         problems.append(f"flowControl.enableEviction: {EVICTION_UNSUPPORTED}")
+    for where, template in (
+        ("defaultPriorityBand", fc.default_priority_band if fc else None),
+        ("defaultNegativePriorityBand", fc.default_negative_priority_band if fc else None),
+    ):
+        if template is not None and template.priority != 0:
+            ok = False
+            problems.append(
+                f"flowControl.{where}.priority: a priority on a band template is not supported yet (upstream "
+                "ignores it: each provisioned band takes the priority of its requests); remove it, or configure "
+                "that priority under priorityBands"
+            )
     default_band = band("flowControl.defaultPriorityBand", fc.default_priority_band if fc else None, 0)
     negative = None
     if fc is not None and fc.default_negative_priority_band is not None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from llm_epp.framework import Registry
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
 from llm_epp.plugins.flowcontrol import (
-    edf_ordering,
-    fcfs_ordering,
-    global_strict_fairness,
-    priority_holdback,
-    round_robin_fairness,
-    slo_deadline_ordering,
-    static_usage_limit,
+    edf_ordering_policy,
+    fcfs_ordering_policy,
+    global_strict_fairness_policy,
+    priority_holdback_policy,
+    round_robin_fairness_policy,
+    slo_deadline_ordering_policy,
+    static_usage_limit_policy,
 )
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
 from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
@@ -69,13 +69,13 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
-    global_strict_fairness,
-    round_robin_fairness,
-    fcfs_ordering,
-    edf_ordering,
-    slo_deadline_ordering,
-    static_usage_limit,
-    priority_holdback,
+    global_strict_fairness_policy,
+    round_robin_fairness_policy,
+    fcfs_ordering_policy,
+    edf_ordering_policy,
+    slo_deadline_ordering_policy,
+    static_usage_limit_policy,
+    priority_holdback_policy,
 )
 
 

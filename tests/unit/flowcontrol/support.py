@@ -10,9 +10,9 @@ from typing import Any
 from llm_epp.flowcontrol import BandConfig, FlowControlConfig, FlowController
 from llm_epp.framework import TypedName
 from llm_epp.framework.types import Endpoint, InferenceRequest
-from llm_epp.plugins.flowcontrol.fcfs_ordering import FcfsOrdering
-from llm_epp.plugins.flowcontrol.global_strict_fairness import GlobalStrictFairness
-from llm_epp.plugins.flowcontrol.static_usage_limit import StaticUsageLimit
+from llm_epp.plugins.flowcontrol.fcfs_ordering_policy import FcfsOrderingPolicy
+from llm_epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
+from llm_epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
 from tests.unit.builders import endpoint, request
 
 
@@ -34,12 +34,12 @@ def config(**kw: Any) -> FlowControlConfig:
     band_kw = {k: kw.pop(k) for k in ("fairness", "ordering", "band_max_requests", "band_max_bytes") if k in kw}
     band = BandConfig(
         priority=0,
-        fairness=band_kw.get("fairness", GlobalStrictFairness()),
-        ordering=band_kw.get("ordering", FcfsOrdering()),
+        fairness=band_kw.get("fairness", GlobalStrictFairnessPolicy()),
+        ordering=band_kw.get("ordering", FcfsOrderingPolicy()),
         max_requests=band_kw.get("band_max_requests", 0),
         max_bytes=band_kw.get("band_max_bytes", 1_000_000_000),
     )
-    kw.setdefault("usage_limit", StaticUsageLimit())
+    kw.setdefault("usage_limit", StaticUsageLimitPolicy())
     return FlowControlConfig(default_band=band, **kw)
 
 

@@ -183,10 +183,10 @@ async def test_saturation_at_a_bands_ceiling_stops_the_whole_cycle() -> None:
 
 
 async def test_priority_holdback_keeps_headroom_for_higher_bands() -> None:
-    from llm_epp.plugins.flowcontrol.priority_holdback import PriorityHoldback
+    from llm_epp.plugins.flowcontrol.priority_holdback_policy import PriorityHoldbackPolicy
 
     sat = Saturation(0.7)
-    fc = controller(sat, config(usage_limit=PriorityHoldback("h", min_ceiling=0.5, max_ceiling=1.0)))
+    fc = controller(sat, config(usage_limit=PriorityHoldbackPolicy("h", min_ceiling=0.5, max_ceiling=1.0)))
     order = Order(fc)
     high = asyncio.create_task(order.run(req("high", priority=5)))
     await asyncio.wait_for(high, 1)  # bands 5 and 0 now exist: ceilings 1.0 and 0.5
@@ -200,10 +200,10 @@ async def test_priority_holdback_keeps_headroom_for_higher_bands() -> None:
 
 async def test_unknown_priorities_get_bands_from_the_templates() -> None:
     from llm_epp.flowcontrol import BandConfig
-    from llm_epp.plugins.flowcontrol.fcfs_ordering import FcfsOrdering
-    from llm_epp.plugins.flowcontrol.global_strict_fairness import GlobalStrictFairness
+    from llm_epp.plugins.flowcontrol.fcfs_ordering_policy import FcfsOrderingPolicy
+    from llm_epp.plugins.flowcontrol.global_strict_fairness_policy import GlobalStrictFairnessPolicy
 
-    negative = BandConfig(-1, GlobalStrictFairness(), FcfsOrdering(), max_requests=1)
+    negative = BandConfig(-1, GlobalStrictFairnessPolicy(), FcfsOrderingPolicy(), max_requests=1)
     fc = controller(Saturation(1.0), config(default_negative_band=negative))
     t = asyncio.create_task(fc.enqueue_and_wait(req("a", priority=-3)))
     await settle_loop()

@@ -44,7 +44,7 @@ class Params(PluginParams):
         return self
 
 
-class PriorityHoldback:
+class PriorityHoldbackPolicy:
     def __init__(self, name: str, min_ceiling: float, max_ceiling: float = 1.0, domain: str = "rank") -> None:
         self._typed_name = TypedName(TYPE, name)
         self.min_ceiling = min_ceiling
@@ -73,5 +73,5 @@ class PriorityHoldback:
             ceilings[i] = hi if span == 0 else lo + (p - p_min) / span * (hi - lo)
 
 
-def factory(name: str, params: Params, handle: Handle) -> PriorityHoldback:
-    return PriorityHoldback(name, params.min_ceiling, params.max_ceiling, params.domain)
+def factory(name: str, params: Params, handle: Handle) -> PriorityHoldbackPolicy:
+    return PriorityHoldbackPolicy(name, params.min_ceiling, params.max_ceiling, params.domain)

@@ -23,7 +23,7 @@ class Params(PluginParams):
     pass
 
 
-class FcfsOrdering:
+class FcfsOrderingPolicy:
     def __init__(self, name: str = TYPE) -> None:
         self._typed_name = TypedName(TYPE, name)
 
@@ -35,5 +35,5 @@ class FcfsOrdering:
         return a.enqueued_at < b.enqueued_at
 
 
-def factory(name: str, params: Params, handle: Handle) -> FcfsOrdering:
-    return FcfsOrdering(name)
+def factory(name: str, params: Params, handle: Handle) -> FcfsOrderingPolicy:
+    return FcfsOrderingPolicy(name)

@@ -31,7 +31,7 @@ def deadline(item: QueueItem) -> float:
     return item.enqueued_at + ttl if ttl is not None and ttl > 0 else math.inf
 
 
-class EdfOrdering:
+class EdfOrderingPolicy:
     def __init__(self, name: str = TYPE) -> None:
         self._typed_name = TypedName(TYPE, name)
 
@@ -46,5 +46,5 @@ class EdfOrdering:
         return a.enqueued_at < b.enqueued_at
 
 
-def factory(name: str, params: Params, handle: Handle) -> EdfOrdering:
-    return EdfOrdering(name)
+def factory(name: str, params: Params, handle: Handle) -> EdfOrderingPolicy:
+    return EdfOrderingPolicy(name)

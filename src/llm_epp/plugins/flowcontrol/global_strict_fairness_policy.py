@@ -24,7 +24,7 @@ class Params(PluginParams):
     pass
 
 
-class GlobalStrictFairness:
+class GlobalStrictFairnessPolicy:
     def __init__(self, name: str = TYPE) -> None:
         self._typed_name = TypedName(TYPE, name)
 
@@ -47,5 +47,5 @@ class GlobalStrictFairness:
         return best
 
 
-def factory(name: str, params: Params, handle: Handle) -> GlobalStrictFairness:
-    return GlobalStrictFairness(name)
+def factory(name: str, params: Params, handle: Handle) -> GlobalStrictFairnessPolicy:
+    return GlobalStrictFairnessPolicy(name)

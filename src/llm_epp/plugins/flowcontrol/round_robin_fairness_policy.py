@@ -31,7 +31,7 @@ class _Cursor:
     last: FlowKey | None = None
 
 
-class RoundRobinFairness:
+class RoundRobinFairnessPolicy:
     def __init__(self, name: str = TYPE) -> None:
         self._typed_name = TypedName(TYPE, name)
 
@@ -63,5 +63,5 @@ class RoundRobinFairness:
         return None
 
 
-def factory(name: str, params: Params, handle: Handle) -> RoundRobinFairness:
-    return RoundRobinFairness(name)
+def factory(name: str, params: Params, handle: Handle) -> RoundRobinFairnessPolicy:
+    return RoundRobinFairnessPolicy(name)

@@ -46,7 +46,7 @@ def slo_deadline(item: QueueItem) -> float:
     return item.received_at + ms / 1000.0
 
 
-class SloDeadlineOrdering:
+class SloDeadlineOrderingPolicy:
     def __init__(self, name: str = TYPE) -> None:
         self._typed_name = TypedName(TYPE, name)
 
@@ -61,5 +61,5 @@ class SloDeadlineOrdering:
         return a.received_at < b.received_at
 
 
-def factory(name: str, params: Params, handle: Handle) -> SloDeadlineOrdering:
-    return SloDeadlineOrdering(name)
+def factory(name: str, params: Params, handle: Handle) -> SloDeadlineOrderingPolicy:
+    return SloDeadlineOrderingPolicy(name)

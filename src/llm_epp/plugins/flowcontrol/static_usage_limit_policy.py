@@ -27,7 +27,7 @@ class Params(PluginParams):
     threshold: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
 
 
-class StaticUsageLimit:
+class StaticUsageLimitPolicy:
     def __init__(self, name: str = TYPE, threshold: float = 1.0) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.threshold = threshold
@@ -41,5 +41,5 @@ class StaticUsageLimit:
             ceilings[i] = self.threshold
 
 
-def factory(name: str, params: Params, handle: Handle) -> StaticUsageLimit:
-    return StaticUsageLimit(name, params.threshold)
+def factory(name: str, params: Params, handle: Handle) -> StaticUsageLimitPolicy:
+    return StaticUsageLimitPolicy(name, params.threshold)
