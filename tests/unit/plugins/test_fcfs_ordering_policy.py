@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,7 +19,7 @@ def test_a_flow_is_served_in_arrival_order(times: list[float]) -> None:
     served = [times[int(r)] for r in order]
     assert served == sorted(served)
     ties = [int(r) for r in order]
-    for a, c in zip(ties, ties[1:], strict=False):  # equal times keep arrival order
+    for a, c in itertools.pairwise(ties):  # equal times keep arrival order
         if times[a] == times[c]:
             assert a < c
 
