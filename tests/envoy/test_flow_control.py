@@ -137,9 +137,17 @@ def _stack(tmp: Path, ttl: str) -> Iterator[Stack]:
     server.server_close()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _stack(tmp_path_factory.mktemp("fc"), "30s")
+
+
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    yield from _stack(tmp_path, "30s")
+def stack(shared: Stack) -> Stack:
+    """The shared stack, idle: every test leaves nothing queued or in flight."""
+    shared.pod.arrived.clear()
+    assert shared.queued() == 0
+    return shared
 
 
 @pytest.fixture
