@@ -76,7 +76,7 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "router-flow-control-usage-limit.yaml": (
         f"{ROUTER} deploy/config/soft-reflective-ceiling-epp-config.yaml, sim-program-aware-config.yaml",
-        frozenset({"soft-reflective-ceiling-policy", "program-aware-fairness"}),
+        frozenset({"program-aware-fairness"}),
     ),
     "guide-agentic-serving.yaml": (
         f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",

@@ -11,6 +11,7 @@ from llm_epp.plugins.flowcontrol import (
     priority_holdback_policy,
     round_robin_fairness_policy,
     slo_deadline_ordering_policy,
+    soft_reflective_ceiling_policy,
     static_usage_limit_policy,
 )
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
@@ -76,6 +77,7 @@ _MODULES = (
     slo_deadline_ordering_policy,
     static_usage_limit_policy,
     priority_holdback_policy,
+    soft_reflective_ceiling_policy,
 )
 
 
