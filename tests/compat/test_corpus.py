@@ -74,13 +74,9 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{ROUTER} deploy/config/probabilistic-admitter-epp-config.yaml",
         frozenset({"probabilistic-admitter"}),
     ),
-    "router-flow-control-usage-limit.yaml": (
-        f"{ROUTER} deploy/config/soft-reflective-ceiling-epp-config.yaml, sim-program-aware-config.yaml",
-        frozenset({"program-aware-fairness"}),
-    ),
     "guide-agentic-serving.yaml": (
         f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",
-        frozenset({"agent-identity", "program-aware-fairness"}),
+        frozenset({"agent-identity"}),
     ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",

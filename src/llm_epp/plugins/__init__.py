@@ -9,6 +9,7 @@ from llm_epp.plugins.flowcontrol import (
     fcfs_ordering_policy,
     global_strict_fairness_policy,
     priority_holdback_policy,
+    program_aware_fairness,
     round_robin_fairness_policy,
     slo_deadline_ordering_policy,
     soft_reflective_ceiling_policy,
@@ -78,6 +79,7 @@ _MODULES = (
     static_usage_limit_policy,
     priority_holdback_policy,
     soft_reflective_ceiling_policy,
+    program_aware_fairness,
 )
 
 
