@@ -70,10 +70,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
         frozenset({"dcgm-data-source", "dcgm-extractor", "endpoint-attribute-filter", "endpoint-attribute-scorer"}),
     ),
-    "router-probabilistic-admitter.yaml": (
-        f"{ROUTER} deploy/config/probabilistic-admitter-epp-config.yaml",
-        frozenset({"probabilistic-admitter"}),
-    ),
     "guide-agentic-serving.yaml": (
         f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",
         frozenset({"agent-identity"}),

@@ -16,7 +16,11 @@ from llm_epp.plugins.flowcontrol import (
     static_usage_limit_policy,
 )
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
-from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
+from llm_epp.plugins.requestcontrol import (
+    approx_prefix_cache_producer,
+    inflight_load_producer,
+    probabilistic_admitter,
+)
 from llm_epp.plugins.scheduling import (
     active_request_scorer,
     by_label,
@@ -80,6 +84,7 @@ _MODULES = (
     priority_holdback_policy,
     soft_reflective_ceiling_policy,
     program_aware_fairness,
+    probabilistic_admitter,
 )
 
 
