@@ -67,13 +67,13 @@ class ProbabilisticAdmitter:
         return total / len(endpoints)
 
     def probability(self, endpoints: Sequence[Endpoint]) -> float:
-        return min(self.saturation(endpoints) ** self.params.power * self.params.k, 1.0)
+        return min(float(self.saturation(endpoints) ** self.params.power) * self.params.k, 1.0)
 
     async def admit(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
         if request.priority >= 0 or not endpoints:
             return None
         saturation = self.saturation(endpoints)
-        prob = min(saturation**self.params.power * self.params.k, 1.0)
+        prob = self.probability(endpoints)
         if self._rng.random() < prob:
             raise EppError(
                 ErrorCode.RESOURCE_EXHAUSTED,
