@@ -53,12 +53,13 @@ _PREFIX = {
     "lruCapacityPerServer": 31250,
 }
 # Parameters with the keys reference (GIE v1.5 / llm-d) EndpointPickerConfig files use.
-REQUIRED_PARAMS = {"priority-holdback-policy": "minCeiling"}
+REQUIRED_PARAMS = {"priority-holdback-policy": "minCeiling", "utilization-filter": "conditions"}
 """Types whose upstream factory refuses to build without a parameter, and that parameter."""
 
 REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "max-score-picker": {"maxNumOfEndpoints": 2},
     "priority-holdback-policy": {"minCeiling": 0.5},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 4}]},
     "random-picker": {"maxNumOfEndpoints": 2},
     "weighted-random-picker": {"maxNumOfEndpoints": 2},
     "prefix-cache-scorer": _PREFIX,

@@ -43,6 +43,7 @@ from llm_epp.plugins.scheduling import (
     single_profile_handler,
     token_load_scorer,
     utilization_detector,
+    utilization_filter,
     weighted_random_picker,
 )
 
@@ -85,6 +86,7 @@ _MODULES = (
     soft_reflective_ceiling_policy,
     program_aware_fairness,
     probabilistic_admitter,
+    utilization_filter,
 )
 
 
