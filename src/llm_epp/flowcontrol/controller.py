@@ -218,15 +218,15 @@ class FlowController:
         band = self.bands[item.key.priority]
         self._leave(item, band, QueueOutcome.EVICTED_TTL)
         if not item.future.done():
-            message = "request timed out in queue"
+            message, reason = "request timed out in queue", "rejected-ttl-expired"
             if not had_endpoints or not self._endpoints():
-                message += " and no endpoints are available"
+                message, reason = message + " and no endpoints are available", "rejected-no-endpoints"
             item.future.set_exception(
                 FlowControlRejected(
                     ErrorCode.SERVICE_UNAVAILABLE,
                     f"{message} (after {item.ttl:g}s); retry later",
                     QueueOutcome.EVICTED_TTL,
-                    "ttl-expired",
+                    reason,
                 )
             )
 

@@ -94,13 +94,15 @@ async def test_ttl_expiry_answers_503_and_frees_the_place() -> None:
     assert e.value.code.http_status == 503
     assert e.value.outcome is QueueOutcome.EVICTED_TTL
     assert "request timed out in queue" in e.value.message
+    assert e.value.reason == "rejected-ttl-expired"  # the x-llm-d-request-dropped-reason value
     assert fc.length == 0 and fc.bytes == 0 and fc.bands[0].length == 0
 
 
 async def test_no_endpoints_uses_the_no_endpoint_ttl() -> None:
     fc = controller(Saturation(1.0), config(request_ttl=None, no_endpoint_request_ttl=0.02), eps=0)
-    with pytest.raises(FlowControlRejected, match="no endpoints are available"):
+    with pytest.raises(FlowControlRejected, match="no endpoints are available") as e:
         await asyncio.wait_for(fc.enqueue_and_wait(req("a")), 2)
+    assert e.value.reason == "rejected-no-endpoints"
 
 
 async def test_a_cancelled_waiter_leaves_its_queue_and_is_never_released() -> None:
