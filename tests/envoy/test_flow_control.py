@@ -192,6 +192,7 @@ def test_a_full_queue_answers_429(stack: Stack) -> None:
         r = stack.post("one-too-many")
         assert r.status_code == 429, r.text
         assert "queue at capacity" in r.text
+        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
         for _ in range(4):
             stack.pod.release.release()
         assert [f.result(30).status_code for f in (first, *waiting)] == [200] * 4
@@ -205,6 +206,7 @@ def test_a_request_that_outlives_its_ttl_gets_503(short_ttl: Stack) -> None:
         r = short_ttl.post("late")
         assert r.status_code == 503, r.text
         assert "request timed out in queue" in r.text
+        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
         assert short_ttl.queued() == 0
         short_ttl.pod.release.release()
         assert first.result(30).status_code == 200
