@@ -113,6 +113,7 @@ class FlowController:
         self._kick: asyncio.Handle | None = None
         self._poll: asyncio.TimerHandle | None = None
         self.last_saturation = 0.0
+        self._regime: bool | None = None  # whether the pool had endpoints when last looked at
 
     # --- request side -----------------------------------------------------------------------------------
     async def enqueue_and_wait(self, request: InferenceRequest, received_at: float | None = None) -> Ticket:
@@ -138,6 +139,8 @@ class FlowController:
                 "rejected-saturated",
             )
         has_endpoints = bool(self._endpoints())
+        if self._regime is None:
+            self._regime = has_endpoints
         ttl = self.config.request_ttl if has_endpoints else self.config.no_endpoint_request_ttl
         future: asyncio.Future[None] = loop.create_future()
         item = Item(request, key, now, received_at if received_at is not None else now, ttl or None, future)
@@ -257,8 +260,38 @@ class FlowController:
         if self.length and self._poll is None and self._loop is not None:
             self._poll = self._loop.call_later(self._poll_interval, self._polled)
 
+    def _rebudget(self, has_endpoints: bool) -> None:
+        """The pool gained or lost all its endpoints: every waiting request gets the budget of the new
+        regime from now on, but never waits longer in total than the longer of the two budgets."""
+        loop = self._loop
+        if loop is None:
+            return
+        now = loop.time()
+        cfg = self.config
+        ttl = cfg.request_ttl if has_endpoints else cfg.no_endpoint_request_ttl
+        longest = cfg.longest_wait()
+        for band in self.bands.values():
+            for q in band.flows.values():
+                for item in q.items():
+                    if item.timer is not None:
+                        item.timer.cancel()
+                        item.timer = None
+                    deadline = None if ttl is None else now + ttl
+                    if longest is not None:
+                        cap = item.enqueued_at + longest
+                        deadline = cap if deadline is None else min(deadline, cap)
+                    item.ttl = None if deadline is None else deadline - item.enqueued_at
+                    if deadline is not None:
+                        item.timer = loop.call_at(deadline, self._expire, item, has_endpoints)
+                q.reorder()  # deadline orderings see the new budgets
+
     def _dispatch_one(self) -> None:
-        saturation = self.saturation.saturation(self._endpoints())
+        endpoints = self._endpoints()
+        has_endpoints = bool(endpoints)
+        if self._regime is not None and has_endpoints != self._regime:
+            self._rebudget(has_endpoints)
+        self._regime = has_endpoints
+        saturation = self.saturation.saturation(endpoints)
         self.last_saturation = saturation
         obs = self._observer
         if obs is not None:

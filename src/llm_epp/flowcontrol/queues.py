@@ -81,6 +81,14 @@ class FlowQueue:
     def __len__(self) -> int:
         return self._len
 
+    def items(self) -> list[Item]:
+        """The queued items, in no particular order."""
+        return [e.item for e in self._heap if e.item.state == QUEUED]
+
+    def reorder(self) -> None:
+        """Restores the order after the items' deadlines changed."""
+        heapq.heapify(self._heap)
+
     def push(self, item: Item) -> None:
         heapq.heappush(self._heap, _Entry(item, self._ordering))
         self._len += 1

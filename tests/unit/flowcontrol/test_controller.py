@@ -219,3 +219,19 @@ async def test_unknown_priorities_get_bands_from_the_templates() -> None:
         task.cancel()
     await asyncio.gather(t, ok, return_exceptions=True)
     assert fc.length == 0
+
+
+async def test_a_pool_that_gains_endpoints_moves_waiting_requests_onto_the_request_ttl() -> None:
+    from tests.unit.builders import endpoint
+
+    pool: list = []
+    cfg = config(request_ttl=0.1, no_endpoint_request_ttl=30.0)
+    fc = FlowController(cfg, Saturation(1.0), lambda: pool, poll_interval=0.01)
+    waiter = asyncio.create_task(fc.enqueue_and_wait(req("a")))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and fc.bands[0].length == 1
+    pool.append(endpoint("p"))  # scaled up: the 30 s budget no longer applies
+    with pytest.raises(FlowControlRejected) as e:
+        await asyncio.wait_for(waiter, 2)
+    assert e.value.reason == "rejected-ttl-expired" and "no endpoints" not in e.value.message
+    assert fc.length == 0
