@@ -2,8 +2,8 @@
 
 GIE v1.5.0 registers `dataLayer` (deprecated: the data layer is always on), `enableLegacyMetrics` and
 `flowControl`, all off by default (`flowControl` on: requests wait in the EPP's flow-control queues).
-llm-d-router v0.10 registers `flowControl` (off) and
-`haPopulateNonLeaderDatastore` (on). Each gate resolves to one of:
+llm-d-router v0.10 registers `flowControl` (off) and `haPopulateNonLeaderDatastore` (on). Each gate
+resolves to one of:
 - its default: nothing changes;
 - an accepted value with its effect (`dataLayer` on: the data layer, which is always on; a deprecation
   warning says so, as upstream's comment does);
