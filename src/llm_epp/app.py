@@ -30,6 +30,7 @@ from llm_epp.observability import (
     configure_logging,
     start_health_server,
 )
+from llm_epp.observability.flowcontrol_metrics import FlowControlMetrics
 from llm_epp.observability.known_models import ConfiguredAndServedModels
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
@@ -101,6 +102,7 @@ def build(opts: Options) -> Components:
             objectives=objectives,
             disable_subset_filter=opts.disable_endpoint_subset_filter,
             tracer=tracer,
+            flow_observer=FlowControlMetrics(recorder.registry, opts.pool_name),
         )
     except ConfigError as e:
         raise StartupError(str(e)) from None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from llm_epp.config import LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.objectives import ObjectivesStore
+from llm_epp.flowcontrol import FlowController
+from llm_epp.flowcontrol.controller import FlowControlObserver
 from llm_epp.framework import RandomSource, Recorder, Registry, os_random
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -51,6 +53,7 @@ def build_request_path(
     random_source: RandomSource = os_random,
     registry: Registry | None = None,
     tracer: Tracer = NULL_TRACER,
+    flow_observer: FlowControlObserver | None = None,
 ) -> RequestPath:
     """Builds an empty endpoint store called `pool_name` (or takes `datastore`), loads the
     EndpointPickerConfig (`config_file`, else `config_text`; neither: the default configuration) and wires
@@ -70,6 +73,9 @@ def build_request_path(
             config_text or None, registry, recorder, datastore.snapshot, clock=clock, random_source=random_source
         )
     objectives = objectives or ObjectivesStore(rng=random_source("objectives"))
+    flow_control = None  # the flowControl gate: requests wait in the EPP's queues (flow_observer: its metrics)
+    if config.flow_control is not None and config.saturation is not None:
+        flow_control = FlowController(config.flow_control, config.saturation, datastore.snapshot, flow_observer)
     director = Director(
         datastore.snapshot,
         config.scheduler,
@@ -87,5 +93,6 @@ def build_request_path(
         parsers=configured_parsers(config),
         clock=clock,
         tracer=tracer,
+        flow_control=flow_control,
     )
     return RequestPath(datastore, config, director, objectives)

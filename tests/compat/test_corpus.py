@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from llm_epp.config import ConfigError, load_config
-from llm_epp.config.gates import FLOW_CONTROL_UNSUPPORTED
+from llm_epp.config.gates import EVICTION_UNSUPPORTED
 from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry
 
 CONFIGS = Path(__file__).parent / "configs"
-FLOW_CONTROL = "flow control"
+EVICTION = "flow-control eviction"
 
 GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
@@ -32,10 +32,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{GIE} config/charts/epplib/templates/_config.yaml (latencyPredictor); {GUIDES} predicted-latency",
         frozenset({"predicted-latency-producer", "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter"}),
     ),
-    "gie-flow-control.yaml": (
-        f"{GIE} pkg/epp/config/loader/testdata_test.go, site-src/guides/flow-control.md",
-        frozenset({FLOW_CONTROL, "fcfs-ordering-policy", "round-robin-fairness-policy"}),
-    ),
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",
@@ -45,21 +41,9 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
         frozenset({"dcgm-data-source", "dcgm-extractor", "endpoint-attribute-filter", "endpoint-attribute-scorer"}),
     ),
-    "router-probabilistic-admitter.yaml": (
-        f"{ROUTER} deploy/config/probabilistic-admitter-epp-config.yaml",
-        frozenset({"probabilistic-admitter"}),
-    ),
-    "router-flow-control-usage-limit.yaml": (
-        f"{ROUTER} deploy/config/soft-reflective-ceiling-epp-config.yaml, sim-program-aware-config.yaml",
-        frozenset({FLOW_CONTROL, "soft-reflective-ceiling-policy", "program-aware-fairness"}),
-    ),
-    "guide-agentic-serving.yaml": (
-        f"{GUIDES} agentic-serving/router/agentic-serving.values.yaml",
-        frozenset({FLOW_CONTROL, "program-aware-fairness"}),
-    ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
-        frozenset({FLOW_CONTROL, "round-robin-fairness-policy", "fcfs-ordering-policy"}),
+        frozenset({EVICTION}),
     ),
     "guide-context-length-pd.yaml": (
         f"{GUIDES} context-length-aware-pd/router.values.yaml",
@@ -91,8 +75,8 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(m.group(1) or m.group(2))
         elif m := _UNSUPPORTED_REF.search(p):
             missing.add(m.group(1))  # a parameter naming a producer that does not exist yet
-        elif FLOW_CONTROL_UNSUPPORTED in p:
-            missing.add(FLOW_CONTROL)
+        elif EVICTION_UNSUPPORTED in p:
+            missing.add(EVICTION)
         else:
             other.append(p)
     return missing, other

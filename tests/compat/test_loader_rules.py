@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from llm_epp.config import ConfigError, LoadedConfig, load_config_text
-from llm_epp.config.gates import FLOW_CONTROL_UNSUPPORTED
+from llm_epp.config.gates import EVICTION_UNSUPPORTED, FLOW_CONTROL_WITHOUT_GATE
 from llm_epp.framework import NullRecorder, Registry
 from llm_epp.plugins import builtin_registry
 from tests.compat.plugins import ColourProducer, JsonParser, compat_registry
@@ -64,8 +64,8 @@ GATE_CASES = [
     pytest.param(["flowControl=False"], {}, None, id="go-bool-capitalised"),
     pytest.param(["haPopulateNonLeaderDatastore=true"], {}, None, id="llm-d-gate-at-its-default"),
     pytest.param(["dataLayer=0"], {}, None, id="go-bool-zero"),
-    pytest.param(["flowControl"], None, FLOW_CONTROL_UNSUPPORTED, id="flowControl-on"),
-    pytest.param(["flowControl=true"], None, FLOW_CONTROL_UNSUPPORTED, id="flowControl-true"),
+    pytest.param(["flowControl"], {"flowControl": True}, None, id="flowControl-on"),
+    pytest.param(["flowControl=true"], {"flowControl": True}, None, id="flowControl-true"),
     pytest.param(["enableLegacyMetrics"], None, "enableLegacyMetrics is not supported", id="legacy-metrics"),
     pytest.param(
         ["haPopulateNonLeaderDatastore=false"], None, "haPopulateNonLeaderDatastore=false is not supported yet", id="ha"
@@ -101,7 +101,7 @@ def test_the_deprecated_data_layer_gate_warns() -> None:
 # ----------------------------------------------------------------------------------------- flowControl
 
 
-def test_flow_control_settings_are_rejected_as_not_supported_yet() -> None:
+def test_flow_control_settings_without_the_gate_are_rejected() -> None:
     problems = _problems(
         GIE
         + """\
@@ -113,8 +113,73 @@ def test_flow_control_settings_are_rejected_as_not_supported_yet() -> None:
           defaultRequestTTL: 30s
         """
     )
-    assert problems == [f"flowControl (maxBytes, maxRequests, defaultRequestTTL): {FLOW_CONTROL_UNSUPPORTED}"]
-    assert "GIE v1.5.0 and llm-d-router v0.10" in FLOW_CONTROL_UNSUPPORTED
+    assert problems == [f"flowControl (maxBytes, maxRequests, defaultRequestTTL): {FLOW_CONTROL_WITHOUT_GATE}"]
+
+
+def test_flow_control_with_the_gate_builds_the_bands() -> None:
+    loaded = _load(
+        GIE
+        + """\
+        featureGates: [flowControl]
+        plugins:
+        - type: queue-scorer
+        - {name: rr, type: round-robin-fairness-policy}
+        - {name: edf, type: edf-ordering-policy}
+        - {name: hold, type: priority-holdback-policy, parameters: {minCeiling: 0.5}}
+        flowControl:
+          maxRequests: "1k"
+          maxBytes: 1Gi
+          defaultRequestTTL: 30s
+          usageLimitPolicyPluginRef: hold
+          defaultPriorityBand: {maxRequests: 7}
+          defaultNegativePriorityBand: {maxRequests: 3}
+          priorityBands:
+          - {priority: 5, fairnessPolicyRef: rr, orderingPolicyRef: edf, maxBytes: 1k}
+        """
+    )
+    fc = loaded.flow_control
+    assert fc is not None
+    assert (fc.max_requests, fc.max_bytes, fc.request_ttl, fc.no_endpoint_request_ttl) == (1000, 2**30, 30.0, 30.0)
+    assert fc.usage_limit is loaded.plugins["hold"]
+    band5 = fc.bands[5]
+    assert band5.fairness is loaded.plugins["rr"] and band5.ordering is loaded.plugins["edf"]
+    assert (band5.max_bytes, band5.max_requests) == (1000, 0)  # GIE: no band request limit by default
+    assert fc.band_for(0).max_requests == 7 and fc.band_for(9).max_requests == 7
+    assert fc.band_for(-2).max_requests == 3 and fc.band_for(-2).max_bytes == 1_000_000_000
+    assert fc.band_for(0).fairness.typed_name.type == "global-strict-fairness-policy"
+    assert fc.band_for(0).ordering.typed_name.type == "fcfs-ordering-policy"
+    assert not loaded.warnings, "policies the flowControl section uses are not reported unused"
+
+
+def test_flow_control_defaults_follow_the_api_version() -> None:
+    gie = _load(GIE + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n").flow_control
+    router_text = GIE.replace("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+    router = _load(router_text + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n").flow_control
+    assert gie is not None and router is not None
+    assert (gie.request_ttl, gie.band_for(0).max_requests) == (None, 0)  # GIE v1.5.0: wait for the client
+    assert (router.request_ttl, router.no_endpoint_request_ttl, router.band_for(0).max_requests) == (60.0, 60.0, 5000)
+    split = _load(
+        router_text + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n"
+        "flowControl: {defaultRequestTTL: 5s, noEndpointRequestTTL: 0s}\n"
+    ).flow_control
+    assert split is not None and (split.request_ttl, split.no_endpoint_request_ttl) == (5.0, None)
+
+
+@pytest.mark.parametrize(
+    ("section", "fragment"),
+    [
+        ("{enableEviction: true}", EVICTION_UNSUPPORTED),
+        ("{defaultPriorityBand: {orderingPolicyRef: nope}}", "no plugin named 'nope' is defined"),
+        ("{priorityBands: [{priority: 1, fairnessPolicyRef: queue-scorer}]}", "is not a fairness policy"),
+        ("{usageLimitPolicyPluginRef: queue-scorer}", "is not a usage limit policy"),
+        ("{priorityBands: [{priority: 1}, {priority: 1}]}", "priority 1 is configured twice"),
+        ("{defaultRequestTTL: soon}", "flowControl.defaultRequestTTL: invalid duration"),
+        ("{defaultRequestTTL: -1s}", "must not be negative"),
+    ],
+)
+def test_flow_control_problems(section: str, fragment: str) -> None:
+    problems = _problems(GIE + f"featureGates: [flowControl]\nplugins:\n- type: queue-scorer\nflowControl: {section}\n")
+    assert any(fragment in p for p in problems), problems
 
 
 def test_flow_control_quantities_are_kubernetes_quantities() -> None:
@@ -154,8 +219,10 @@ def test_gie_missing_ordering_policy_case_is_rejected() -> None:
             orderingPolicyRef: no-such-ordering
         """
     )
-    assert any("flowControl (priorityBands)" in p and "not supported yet" in p for p in problems)
-    assert any(p.startswith("featureGates[0]: flow control is not supported yet") for p in problems)
+    assert problems == [
+        "flowControl.priorityBands[0].orderingPolicyRef: no plugin named 'no-such-ordering' is defined; declare a "
+        "ordering policy under plugins (e.g. `- type: fcfs-ordering-policy`) and refer to it by name"
+    ]
 
 
 # ---------------------------------------------------------------------------------- saturationDetector

@@ -7,6 +7,7 @@ are covered) must be wired into something that runs when configured where it bel
 
 from __future__ import annotations
 
+import random
 import typing
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from llm_epp.config.schema import EndpointPickerConfigSpec
 from llm_epp.framework import Filter, NullRecorder, Picker, ProfileHandler, Registry, Scorer
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.disagg.common import Decider, DeciderRef
@@ -58,7 +60,12 @@ PROFILE = "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queu
 PARSERS = GIE + "plugins:\n- {name: a, type: test-json-parser}\n- {name: b, type: test-json-parser}\n"
 SOURCES = GIE + "plugins:\n- {name: src, type: metrics-data-source}\n- {name: ex, type: core-metrics-extractor}\n"
 SATURATION = BASE + "- {name: c, type: concurrency-detector}\n"
-FLOW = BASE + "flowControl:\n"
+GATED = (
+    BASE
+    + "- {name: f, type: round-robin-fairness-policy}\n- {name: o, type: edf-ordering-policy}\n"
+    + "- {name: u, type: static-usage-limit-policy, parameters: {threshold: 0.5}}\nfeatureGates: [flowControl]\n"
+)
+FLOW = GATED + "flowControl:\n"
 BAND = FLOW + "  priorityBands:\n  - "
 DEFAULT_BAND = FLOW + "  defaultPriorityBand: "
 
@@ -113,47 +120,51 @@ CASES: dict[str, tuple[str, str]] = {
     "dataLayer.discovery.pluginRef": (BASE, BASE + "dataLayer: {discovery: {pluginRef: x}}\n"),
     "dataLayer.crossReplicaSyncerPluginRef": (BASE, BASE + "dataLayer: {crossReplicaSyncerPluginRef: x}\n"),
     "dataLayer.crossReplicaSyncInterval": (BASE, BASE + "dataLayer: {crossReplicaSyncInterval: 1s}\n"),
-    "flowControl": (BASE, FLOW + "  maxRequests: 10\n"),
-    "flowControl.maxBytes": (BASE, FLOW + "  maxBytes: 1Gi\n"),
-    "flowControl.maxRequests": (BASE, FLOW + "  maxRequests: 1k\n"),
-    "flowControl.defaultRequestTTL": (BASE, FLOW + "  defaultRequestTTL: 30s\n"),
-    "flowControl.defaultPriorityBand": (BASE, DEFAULT_BAND + "{}\n"),
-    "flowControl.defaultPriorityBand.priority": (BASE, DEFAULT_BAND + "{priority: 1}\n"),
-    "flowControl.defaultPriorityBand.maxBytes": (BASE, DEFAULT_BAND + "{maxBytes: 1Mi}\n"),
-    "flowControl.defaultPriorityBand.maxRequests": (BASE, DEFAULT_BAND + "{maxRequests: 5}\n"),
-    "flowControl.defaultPriorityBand.fairnessPolicyRef": (BASE, DEFAULT_BAND + "{fairnessPolicyRef: f}\n"),
-    "flowControl.defaultPriorityBand.orderingPolicyRef": (BASE, DEFAULT_BAND + "{orderingPolicyRef: o}\n"),
-    "flowControl.defaultNegativePriorityBand": (BASE, FLOW + "  defaultNegativePriorityBand: {}\n"),
+    "flowControl": (GATED, FLOW + "  maxRequests: 10\n"),
+    "flowControl.maxBytes": (GATED, FLOW + "  maxBytes: 1Gi\n"),
+    "flowControl.maxRequests": (GATED, FLOW + "  maxRequests: 1k\n"),
+    "flowControl.defaultRequestTTL": (GATED, FLOW + "  defaultRequestTTL: 30s\n"),
+    "flowControl.noEndpointRequestTTL": (GATED, FLOW + "  noEndpointRequestTTL: 2m\n"),
+    "flowControl.defaultPriorityBand": (GATED, DEFAULT_BAND + "{maxRequests: 5}\n"),
+    "flowControl.defaultPriorityBand.priority": (GATED, DEFAULT_BAND + "{priority: 1}\n"),
+    "flowControl.defaultPriorityBand.maxBytes": (GATED, DEFAULT_BAND + "{maxBytes: 1Mi}\n"),
+    "flowControl.defaultPriorityBand.maxRequests": (GATED, DEFAULT_BAND + "{maxRequests: 5}\n"),
+    "flowControl.defaultPriorityBand.fairnessPolicyRef": (GATED, DEFAULT_BAND + "{fairnessPolicyRef: f}\n"),
+    "flowControl.defaultPriorityBand.orderingPolicyRef": (GATED, DEFAULT_BAND + "{orderingPolicyRef: o}\n"),
+    "flowControl.defaultNegativePriorityBand": (GATED, FLOW + "  defaultNegativePriorityBand: {}\n"),
     "flowControl.defaultNegativePriorityBand.priority": (
-        BASE,
+        GATED,
         FLOW + "  defaultNegativePriorityBand: {priority: -1}\n",
     ),
-    "flowControl.defaultNegativePriorityBand.maxBytes": (BASE, FLOW + "  defaultNegativePriorityBand: {maxBytes: 1}\n"),
+    "flowControl.defaultNegativePriorityBand.maxBytes": (
+        GATED,
+        FLOW + "  defaultNegativePriorityBand: {maxBytes: 1}\n",
+    ),
     "flowControl.defaultNegativePriorityBand.maxRequests": (
-        BASE,
+        GATED,
         FLOW + "  defaultNegativePriorityBand: {maxRequests: 1}\n",
     ),
     "flowControl.defaultNegativePriorityBand.fairnessPolicyRef": (
-        BASE,
+        GATED,
         FLOW + "  defaultNegativePriorityBand: {fairnessPolicyRef: f}\n",
     ),
     "flowControl.defaultNegativePriorityBand.orderingPolicyRef": (
-        BASE,
+        GATED,
         FLOW + "  defaultNegativePriorityBand: {orderingPolicyRef: o}\n",
     ),
-    "flowControl.priorityBands": (BASE, BAND + "{priority: 5}\n"),
-    "flowControl.priorityBands[].priority": (BASE, BAND + "{priority: 5}\n"),
-    "flowControl.priorityBands[].maxBytes": (BASE, BAND + "{maxBytes: 1k}\n"),
-    "flowControl.priorityBands[].maxRequests": (BASE, BAND + "{maxRequests: 1k}\n"),
-    "flowControl.priorityBands[].fairnessPolicyRef": (BASE, BAND + "{fairnessPolicyRef: f}\n"),
-    "flowControl.priorityBands[].orderingPolicyRef": (BASE, BAND + "{orderingPolicyRef: o}\n"),
-    "flowControl.usageLimitPolicyPluginRef": (BASE, FLOW + "  usageLimitPolicyPluginRef: u\n"),
+    "flowControl.priorityBands": (GATED, BAND + "{priority: 5}\n"),
+    "flowControl.priorityBands[].priority": (GATED, BAND + "{priority: 5}\n"),
+    "flowControl.priorityBands[].maxBytes": (GATED, BAND + "{maxBytes: 1k}\n"),
+    "flowControl.priorityBands[].maxRequests": (GATED, BAND + "{maxRequests: 1k}\n"),
+    "flowControl.priorityBands[].fairnessPolicyRef": (GATED, BAND + "{fairnessPolicyRef: f}\n"),
+    "flowControl.priorityBands[].orderingPolicyRef": (GATED, BAND + "{orderingPolicyRef: o}\n"),
+    "flowControl.usageLimitPolicyPluginRef": (GATED, FLOW + "  usageLimitPolicyPluginRef: u\n"),
     "flowControl.saturationDetector": (SATURATION, SATURATION + "flowControl: {saturationDetector: {pluginRef: c}}\n"),
     "flowControl.saturationDetector.pluginRef": (
         SATURATION + "flowControl: {saturationDetector: {}}\n",
         SATURATION + "flowControl: {saturationDetector: {pluginRef: c}}\n",
     ),
-    "flowControl.enableEviction": (BASE, FLOW + "  enableEviction: true\n"),
+    "flowControl.enableEviction": (GATED, FLOW + "  enableEviction: true\n"),
     "requestHandler": (PARSERS, PARSERS + "requestHandler: {parsers: [{pluginRef: a}]}\n"),
     "requestHandler.parsers": (
         PARSERS + "requestHandler: {}\n",
@@ -196,6 +207,9 @@ def _fingerprint(loaded: LoadedConfig) -> dict[str, Any]:
         "profiles": [(p.name, p.filters, p.scorers, p.picker) for p in loaded.profiles],
         "handler": loaded.handler_name,
         "saturation": str(loaded.saturation.typed_name) if loaded.saturation else None,
+        "flow_control": loaded.describe().split("flow control:")[1].split("parsers:")[0]
+        if loaded.flow_control
+        else None,
         "data": [(str(b.source.typed_name), [str(e.typed_name) for e in b.extractors]) for b in loaded.data_sources],
         "parsers": [str(p.typed_name) for p in loaded.parsers],
         "gates": loaded.feature_gates,
@@ -270,6 +284,12 @@ def _placement(plugin_type: str) -> str:
             "- {name: decode, plugins: [{pluginRef: queue-scorer}]}\n"
             "- {name: prefill, plugins: [{pluginRef: queue-scorer}]}\n"
         )
+    if isinstance(probe, FairnessPolicy):
+        sections.append("featureGates: [flowControl]\nflowControl: {defaultPriorityBand: {fairnessPolicyRef: p}}\n")
+    if isinstance(probe, OrderingPolicy):
+        sections.append("featureGates: [flowControl]\nflowControl: {defaultPriorityBand: {orderingPolicyRef: p}}\n")
+    if isinstance(probe, UsageLimitPolicy):
+        sections.append("featureGates: [flowControl]\nflowControl: {usageLimitPolicyPluginRef: p}\n")
     return base + "".join(sections)
 
 
@@ -286,6 +306,9 @@ class _Handle:
     @property
     def recorder(self) -> Any:
         return NullRecorder()
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(name)
 
 
 def _runs(loaded: LoadedConfig, plugin: object) -> list[str]:
@@ -306,6 +329,11 @@ def _runs(loaded: LoadedConfig, plugin: object) -> list[str]:
         places.append("saturation detector")
     if any(plugin is b.source or plugin in b.extractors for b in loaded.data_sources):
         places.append("data layer")
+    fc = loaded.flow_control
+    if fc is not None:
+        bands = [fc.default_band, *fc.bands.values()]
+        if plugin is fc.usage_limit or any(plugin is b.fairness or plugin is b.ordering for b in bands):
+            places.append("flow control")
     return places
 
 

@@ -14,6 +14,7 @@ import pytest
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
@@ -25,6 +26,9 @@ REGISTRY = builtin_registry()
 TYPES = REGISTRY.types()
 HEADINGS = ("Scheduling intent", "Inputs consumed", "Configuration")
 EXTENSION_POINTS: tuple[Any, ...] = (
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
     Filter,
     Scorer,
     Picker,
@@ -53,6 +57,8 @@ _PREFIX = {
 # Parameters with the keys reference (GIE v1.5 / llm-d) EndpointPickerConfig files use.
 REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "max-score-picker": {"maxNumOfEndpoints": 2},
+    "priority-holdback-policy": {"minCeiling": 0.5},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 4}]},
     "random-picker": {"maxNumOfEndpoints": 2},
     "weighted-random-picker": {"maxNumOfEndpoints": 2},
     "prefix-cache-scorer": _PREFIX,
@@ -136,6 +142,8 @@ REQUIRED_PARAMS: dict[str, str] = {
     "session-id-producer": "headerName or cookieName",
     "header-label-affinity-scorer": "headerName",
     "request-attribute-reporter": "exactly one entry",
+    "priority-holdback-policy": "minCeiling",
+    "utilization-filter": "conditions",
 }
 
 

@@ -1,8 +1,9 @@
 """`featureGates`: the gates both upstreams register, written `name` or `name=<bool>` (llm-d-router syntax).
 
 GIE v1.5.0 registers `dataLayer` (deprecated: the data layer is always on), `enableLegacyMetrics` and
-`flowControl`, all off by default. llm-d-router v0.10 registers `flowControl` (off) and
-`haPopulateNonLeaderDatastore` (on). Each gate resolves to one of:
+`flowControl`, all off by default (`flowControl` on: requests wait in the EPP's flow-control queues).
+llm-d-router v0.10 registers `flowControl` (off) and `haPopulateNonLeaderDatastore` (on). Each gate
+resolves to one of:
 - its default: nothing changes;
 - an accepted value with its effect (`dataLayer` on: the data layer, which is always on; a deprecation
   warning says so, as upstream's comment does);
@@ -27,14 +28,16 @@ DEFAULTS: dict[str, bool] = {
 }
 """Every gate either upstream registers, with its default."""
 
-FLOW_CONTROL_UNSUPPORTED = (
-    "flow control is not supported yet (it exists in GIE v1.5.0 and llm-d-router v0.10 behind the "
-    "flowControl feature gate); remove it to load this config: requests are admitted by the saturation "
-    "detector instead (sheddable requests are refused while the pool is saturated)"
+FLOW_CONTROL_WITHOUT_GATE = (
+    "flowControl settings take effect only with the flowControl feature gate (as upstream): add "
+    "`featureGates: [flowControl]` to queue requests in the EPP, or remove the settings"
+)
+EVICTION_UNSUPPORTED = (
+    "in-flight eviction (flowControl.enableEviction, llm-d-router) is not supported yet: remove it; "
+    "queued requests still wait by priority and expire by their time to live"
 )
 
 _UNSUPPORTED: dict[tuple[str, bool], str] = {
-    (FLOW_CONTROL, True): FLOW_CONTROL_UNSUPPORTED,
     (LEGACY_METRICS, True): (
         "enableLegacyMetrics is not supported: llm-epp always collects metrics through the data layer "
         "(metrics-data-source and core-metrics-extractor, whose engineConfigs set the metric names); "

@@ -20,9 +20,16 @@ from pydantic import BaseModel, ValidationError
 from llm_epp.config import graph
 from llm_epp.config.defaults import DEFAULT_CONFIG, DEFAULT_PRODUCERS
 from llm_epp.config.gates import DEFAULTS as GATE_DEFAULTS
-from llm_epp.config.gates import FLOW_CONTROL_UNSUPPORTED, resolve_gates
+from llm_epp.config.gates import FLOW_CONTROL, resolve_gates
 from llm_epp.config.schema import GIE_API_VERSION, EndpointPickerConfigSpec
-from llm_epp.config.sections import DataSourceBinding, resolve_data_layer, resolve_parsers, resolve_saturation
+from llm_epp.config.sections import (
+    DataSourceBinding,
+    resolve_data_layer,
+    resolve_flow_control,
+    resolve_parsers,
+    resolve_saturation,
+)
+from llm_epp.flowcontrol.config import FlowControlConfig
 from llm_epp.framework import (
     Endpoint,
     Filter,
@@ -89,6 +96,7 @@ class LoadedConfig:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    flow_control: FlowControlConfig | None = None  # the flowControl gate is on: requests queue in the EPP
 
     @property
     def data_source(self) -> DataSource | None:
@@ -112,6 +120,8 @@ class LoadedConfig:
             out.append(f"feature gates: {', '.join(changed)}")
         if self.saturation is not None:
             out.append(f"saturation detector: {self.saturation.typed_name}")
+        if self.flow_control is not None:
+            out.append(_describe_flow_control(self.flow_control))
         if self.parsers:
             out.append(f"parsers: {', '.join(str(p.typed_name) for p in self.parsers)}")
         else:
@@ -298,9 +308,6 @@ def _build(
     gates = resolve_gates(spec.feature_gates)
     problems += gates.problems
     warnings += gates.warnings
-    fc = spec.flow_control
-    if fc is not None and fc.settings():
-        problems.append(f"flowControl ({', '.join(fc.settings())}): {FLOW_CONTROL_UNSUPPORTED}")
 
     plugins: dict[str, Plugin] = {}
     types: dict[str, str] = {}
@@ -455,6 +462,9 @@ def _build(
     parsers = resolve_parsers(spec, registry, plugins, types, add_default, problems, declared)
     saturation = resolve_saturation(spec, registry, plugins, types, add_default, problems, declared)
     data_sources = resolve_data_layer(spec, registry, plugins, types, add_default, problems, declared)
+    flow_control = resolve_flow_control(
+        spec, gates.values[FLOW_CONTROL], registry, plugins, types, add_default, problems, declared
+    )
     order, graph_problems = graph.data_order(plugins, types)
     problems += graph_problems
 
@@ -474,6 +484,7 @@ def _build(
         parsers=parsers,
         feature_gates=gates.values,
         warnings=warnings,
+        flow_control=flow_control,
     )
     for name in order:
         p = plugins[name]
@@ -515,6 +526,15 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
         used.update(id(e) for e in b.extractors)
     if loaded.saturation is not None:
         used.add(id(loaded.saturation))
+    fc = loaded.flow_control
+    if fc is not None:
+        used.add(id(fc.usage_limit))
+        for band in [
+            fc.default_band,
+            *fc.bands.values(),
+            *([fc.default_negative_band] if fc.default_negative_band else []),
+        ]:
+            used.update((id(band.fairness), id(band.ordering)))
     named = {v for ps in spec.plugins for v in _strings(ps.parameters)}  # plugins another plugin refers to
     out = []
     for i, ps in enumerate(spec.plugins):
@@ -530,6 +550,30 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
             "so it has no effect"
         )
     return out
+
+
+def _describe_flow_control(fc: FlowControlConfig) -> str:
+    def limit(n: int, unit: str) -> str:
+        return f"{n} {unit}" if n else f"unlimited {unit}"
+
+    def ttl(t: float | None) -> str:
+        return f"{t:g}s" if t is not None else "none"
+
+    lines = [
+        f"flow control: {limit(fc.max_requests, 'requests')}, {limit(fc.max_bytes, 'bytes')}; "
+        f"request TTL {ttl(fc.request_ttl)}, with no endpoints {ttl(fc.no_endpoint_request_ttl)}; "
+        f"usage limit {fc.usage_limit.typed_name}"
+    ]
+    named = [("default band", fc.default_band)]
+    if fc.default_negative_band is not None:
+        named.append(("default negative band", fc.default_negative_band))
+    named += [(f"band {p}", b) for p, b in sorted(fc.bands.items(), reverse=True)]
+    for label, b in named:
+        lines.append(
+            f"  {label}: {limit(b.max_requests, 'requests')}, {limit(b.max_bytes, 'bytes')}, "
+            f"fairness {b.fairness.typed_name}, ordering {b.ordering.typed_name}"
+        )
+    return "\n".join(lines)
 
 
 def _strings(value: object) -> Iterator[str]:

@@ -70,6 +70,7 @@ class FlowControlSpec(_Model):
     max_bytes: Quantity | None = Field(default=None, alias="maxBytes")
     max_requests: Quantity | None = Field(default=None, alias="maxRequests")
     default_request_ttl: str | None = Field(default=None, alias="defaultRequestTTL")
+    no_endpoint_request_ttl: str | None = Field(default=None, alias="noEndpointRequestTTL")
     default_priority_band: PriorityBandSpec | None = Field(default=None, alias="defaultPriorityBand")
     default_negative_priority_band: PriorityBandSpec | None = Field(default=None, alias="defaultNegativePriorityBand")
     priority_bands: list[PriorityBandSpec] = Field(default_factory=list, alias="priorityBands")

@@ -1,18 +1,29 @@
 """The sections that name plugins by reference: parsers (`requestHandler.parsers`, `parser`), the
-saturation detector (`flowControl.saturationDetector`, `saturationDetector`) and the data layer
-(`dataLayer`). Each resolves its references against the built plugins, creating upstream's defaults
-where upstream does, and reports problems with their YAML paths. A reference to a declared plugin that
-failed to build is not reported again (its own problem is)."""
+saturation detector (`flowControl.saturationDetector`, `saturationDetector`), the data layer
+(`dataLayer`) and flow control (`flowControl`). Each resolves its references against the built plugins,
+creating upstream's defaults where upstream does, and reports problems with their YAML paths. A reference to
+a declared plugin that failed to build is not reported again (its own problem is)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from llm_epp.config.schema import LLM_D_API_VERSIONS, EndpointPickerConfigSpec
+from llm_epp.config.gates import EVICTION_UNSUPPORTED, FLOW_CONTROL_WITHOUT_GATE
+from llm_epp.config.schema import LLM_D_API_VERSIONS, EndpointPickerConfigSpec, PriorityBandSpec
+from llm_epp.flowcontrol.config import (
+    BAND_MAX_BYTES,
+    ROUTER_BAND_MAX_REQUESTS,
+    ROUTER_REQUEST_TTL,
+    BandConfig,
+    FlowControlConfig,
+)
 from llm_epp.framework import Plugin, Registry
 from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 
@@ -20,6 +31,9 @@ DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsi
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 DEFAULT_DATA_SOURCE = "metrics-data-source"
 DEFAULT_EXTRACTOR = "core-metrics-extractor"  # the reference instantiates it when none is configured
+DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
+DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
+DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +193,151 @@ def resolve_data_layer(
             f"({', '.join(b.source.typed_name.name for b in out)}); more than one is not supported yet"
         )
     return out
+
+
+def resolve_flow_control(
+    spec: EndpointPickerConfigSpec,
+    enabled: bool,
+    registry: Registry,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    add_default: Callable[[str], Plugin],
+    problems: list[str],
+    declared: set[str],
+) -> FlowControlConfig | None:
+    """`flowControl` with the `flowControl` gate on: the bands with their policies (references to declared
+    plugins; upstream's default policies are created when not declared), limits and TTLs. Defaults follow
+    the apiVersion: llm-d-router's (band maxRequests 5000, TTLs 60s) for `llm-d.ai/*`, GIE v1.5.0's (no band
+    request limit, no TTL) otherwise."""
+    fc = spec.flow_control
+    if not enabled:
+        if fc is not None and fc.settings():
+            problems.append(f"flowControl ({', '.join(fc.settings())}): {FLOW_CONTROL_WITHOUT_GATE}")
+        return None
+    router = spec.api_version in LLM_D_API_VERSIONS
+    ok = True
+
+    def policy(where: str, ref: str | None, default: str, kind: type[Any], what: str) -> Any:
+        nonlocal ok
+        name = ref or default
+        plugin = plugins.get(name)
+        if plugin is None and name in declared:
+            ok = False  # declared but failed to build: its own problem is reported
+            return None
+        if plugin is None and not ref and name in registry:  # upstream's default, by its type name
+            plugin = add_default(name)
+        if plugin is None:
+            ok = False
+            problems.append(
+                f"{where}: no plugin named {name!r} is defined; declare a {what} under plugins "
+                f"(e.g. `- type: {default}`) and refer to it by name"
+            )
+            return None
+        if not isinstance(plugin, kind):
+            ok = False
+            problems.append(f"{where}: {name!r} ({types.get(name, plugin.typed_name.type)}) is not a {what}")
+            return None
+        return plugin
+
+    band_max_requests = ROUTER_BAND_MAX_REQUESTS if router else 0
+
+    def band(where: str, b: PriorityBandSpec | None, priority: int | None = None) -> BandConfig | None:
+        fairness = policy(
+            f"{where}.fairnessPolicyRef",
+            b.fairness_policy_ref if b else None,
+            DEFAULT_FAIRNESS_POLICY,
+            FairnessPolicy,
+            "fairness policy",
+        )
+        ordering = policy(
+            f"{where}.orderingPolicyRef",
+            b.ordering_policy_ref if b else None,
+            DEFAULT_ORDERING_POLICY,
+            OrderingPolicy,
+            "ordering policy",
+        )
+        if fairness is None or ordering is None:
+            return None
+        return BandConfig(
+            priority=(b.priority if b else 0) if priority is None else priority,
+            fairness=fairness,
+            ordering=ordering,
+            max_bytes=(b.max_bytes if b and b.max_bytes else None) or BAND_MAX_BYTES,
+            max_requests=(b.max_requests if b and b.max_requests else None) or band_max_requests,
+        )
+
+    def ttl(where: str, raw: str | None) -> float | None:
+        nonlocal ok
+        if raw is None:
+            return ROUTER_REQUEST_TTL if router else None
+        try:
+            seconds = parse_go_duration(raw)
+        except ValueError as e:
+            ok = False
+            problems.append(f"flowControl.{where}: {e}")
+            return None
+        if seconds < 0:
+            ok = False
+            problems.append(f"flowControl.{where}: must not be negative, got {raw!r} (0s: no time limit)")
+        return seconds or None
+
+    for where, value in (("maxBytes", fc.max_bytes if fc else None), ("maxRequests", fc.max_requests if fc else None)):
+        if value is not None and value < 0:
+            ok = False
+            problems.append(f"flowControl.{where}: must not be negative, got {value}")
+    if fc is not None and fc.enable_eviction:
+        ok = False
+        problems.append(f"flowControl.enableEviction: {EVICTION_UNSUPPORTED}")
+    for where, template in (
+        ("defaultPriorityBand", fc.default_priority_band if fc else None),
+        ("defaultNegativePriorityBand", fc.default_negative_priority_band if fc else None),
+    ):
+        if template is not None and template.priority != 0:
+            ok = False
+            problems.append(
+                f"flowControl.{where}.priority: a priority on a band template is not supported yet (upstream "
+                "ignores it: each provisioned band takes the priority of its requests); remove it, or configure "
+                "that priority under priorityBands"
+            )
+    default_band = band("flowControl.defaultPriorityBand", fc.default_priority_band if fc else None, 0)
+    negative = None
+    if fc is not None and fc.default_negative_priority_band is not None:
+        negative = band("flowControl.defaultNegativePriorityBand", fc.default_negative_priority_band, -1)
+    bands: dict[int, BandConfig] = {}
+    for i, b in enumerate(fc.priority_bands if fc else []):
+        where = f"flowControl.priorityBands[{i}]"
+        if b.priority in bands:
+            ok = False
+            problems.append(f"{where}.priority: priority {b.priority} is configured twice; give each band its own")
+            continue
+        built = band(where, b)
+        if built is not None:
+            bands[b.priority] = built
+    usage = policy(
+        "flowControl.usageLimitPolicyPluginRef",
+        fc.usage_limit_policy_plugin_ref if fc else None,
+        DEFAULT_USAGE_LIMIT_POLICY,
+        UsageLimitPolicy,
+        "usage limit policy",
+    )
+    request_ttl = ttl("defaultRequestTTL", fc.default_request_ttl if fc else None)
+    if fc is not None and fc.no_endpoint_request_ttl is not None:
+        no_endpoint_ttl = ttl("noEndpointRequestTTL", fc.no_endpoint_request_ttl)
+    elif fc is not None and fc.default_request_ttl is not None:
+        no_endpoint_ttl = request_ttl
+    else:
+        no_endpoint_ttl = ttl("noEndpointRequestTTL", None)
+    if not ok or default_band is None or usage is None:
+        return None
+    if 0 not in bands:  # priority 0 always exists, from the default band template
+        bands[0] = default_band.at(0)
+    return FlowControlConfig(
+        default_band=default_band,
+        usage_limit=usage,
+        bands=bands,
+        default_negative_band=negative,
+        max_bytes=(fc.max_bytes or 0) if fc else 0,
+        max_requests=(fc.max_requests or 0) if fc else 0,
+        request_ttl=request_ttl,
+        no_endpoint_request_ttl=no_endpoint_ttl,
+    )

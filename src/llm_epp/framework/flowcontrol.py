@@ -1,4 +1,4 @@
-"""Saturation detection, used by admission (shedding sheddable requests) and, later, flow control."""
+"""Saturation detection, used by admission (shedding sheddable requests) and by flow control (dispatch)."""
 
 from __future__ import annotations
 

@@ -613,9 +613,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--message-timeout",
         type=float,
-        default=d.message_timeout_s,
+        default=None,
         metavar="SECONDS",
-        help="ext_proc per-message timeout (must cover EPP queueing time)",
+        help=f"ext_proc per-message timeout; it must cover EPP queueing time (default {d.message_timeout_s:g}, "
+        "raised to cover the flow-control TTLs of --epp-config)",
+    )
+    g.add_argument(
+        "--epp-config",
+        metavar="FILE",
+        help="the EPP's EndpointPickerConfig: with the flowControl gate on, the message timeout is set to cover "
+        "the longest time a request may wait in its queues",
     )
     g.add_argument(
         "--max-request-bytes",
@@ -663,10 +670,60 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
         "routing": args.routing,
         "fallback_endpoints": endpoints,
         "no_epp": args.no_epp,
-        "message_timeout_s": args.message_timeout,
+        "message_timeout_s": message_timeout_for(args.message_timeout, args.epp_config),
         "max_request_bytes": args.max_request_bytes,
     }
     return EnvoyConfigOptions(**values)
+
+
+QUEUE_MARGIN_S = 10.0
+"""Time beyond a request's queueing TTL for the EPP to expire or schedule it and answer."""
+
+
+def message_timeout_for(explicit: float | None, epp_config: str | None) -> float:
+    """The ext_proc message timeout: `explicit` (--message-timeout) or the default, checked against (or,
+    when not given, raised to) the longest flow-control queueing time of the EPP config. ValueError when
+    they cannot agree; a warning on stderr when queueing has no time limit."""
+    default = EnvoyConfigOptions.message_timeout_s
+    if not epp_config:
+        return default if explicit is None else explicit
+    from llm_epp.config import ConfigError, load_config
+    from llm_epp.framework import NullRecorder
+    from llm_epp.plugins import builtin_registry
+
+    try:
+        loaded = load_config(epp_config, builtin_registry(), NullRecorder())
+    except ConfigError as e:
+        raise ValueError(f"--epp-config: {e}") from None
+    fc = loaded.flow_control
+    if fc is None:
+        return default if explicit is None else explicit
+    longest = fc.longest_wait()
+    if longest is None:
+        timeout = explicit if explicit is not None else _MAX_MESSAGE_TIMEOUT_S
+        print(
+            f"llm-epp envoy-config: warning: {epp_config} lets requests wait in flow control without a time limit "
+            f"(defaultRequestTTL / noEndpointRequestTTL unset or 0s); Envoy's message timeout ({timeout:g}s) ends "
+            "them instead; set defaultRequestTTL to answer them with 503 first",
+            file=sys.stderr,
+        )
+        return timeout
+    needed = longest + QUEUE_MARGIN_S
+    if needed > _MAX_MESSAGE_TIMEOUT_S:
+        raise ValueError(
+            f"--epp-config: flow-control requests may wait {longest:g}s, longer than Envoy's message timeout can "
+            f"be ({_MAX_MESSAGE_TIMEOUT_S:g}s with {QUEUE_MARGIN_S:g}s margin); lower defaultRequestTTL / "
+            "noEndpointRequestTTL"
+        )
+    if explicit is None:
+        return max(default, needed)
+    if explicit < needed:
+        raise ValueError(
+            f"--message-timeout {explicit:g}s is shorter than the longest flow-control wait of {epp_config} "
+            f"({longest:g}s, plus {QUEUE_MARGIN_S:g}s margin): Envoy would end queued requests before the EPP "
+            f"answers them; use at least {needed:g}"
+        )
+    return explicit
 
 
 def run(args: argparse.Namespace) -> int:

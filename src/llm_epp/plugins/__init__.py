@@ -18,6 +18,17 @@ from llm_epp.plugins.disagg import (
     prefill_header_handler,
     prefix_based_pd_decider,
 )
+from llm_epp.plugins.flowcontrol import (
+    edf_ordering_policy,
+    fcfs_ordering_policy,
+    global_strict_fairness_policy,
+    priority_holdback_policy,
+    program_aware_fairness,
+    round_robin_fairness_policy,
+    slo_deadline_ordering_policy,
+    soft_reflective_ceiling_policy,
+    static_usage_limit_policy,
+)
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
@@ -25,6 +36,7 @@ from llm_epp.plugins.requestcontrol import (
     destination_endpoint_served_verifier,
     inflight_load_producer,
     p2p_source_producer,
+    probabilistic_admitter,
     request_attribute_reporter,
     session_id_producer,
 )
@@ -53,6 +65,7 @@ from llm_epp.plugins.scheduling import (
     single_profile_handler,
     token_load_scorer,
     utilization_detector,
+    utilization_filter,
     weighted_random_picker,
 )
 
@@ -105,6 +118,17 @@ _MODULES = (
     context_length_aware,
     disagg_headers_handler,
     prefill_header_handler,
+    global_strict_fairness_policy,
+    round_robin_fairness_policy,
+    fcfs_ordering_policy,
+    edf_ordering_policy,
+    slo_deadline_ordering_policy,
+    static_usage_limit_policy,
+    priority_holdback_policy,
+    soft_reflective_ceiling_policy,
+    program_aware_fairness,
+    probabilistic_admitter,
+    utilization_filter,
 )
 
 _PD = "prefill/decode disaggregation"

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from llm_epp.flowcontrol import FlowController, Ticket
+from llm_epp.flowcontrol.controller import FlowControlRejected
 from llm_epp.framework import (
     CycleState,
     Endpoint,
@@ -167,6 +169,7 @@ class Director:
         parsers: Sequence[Parser] = (),
         clock: Callable[[], float] = time.monotonic,
         tracer: Tracer = NULL_TRACER,
+        flow_control: FlowController | None = None,
     ) -> None:
         self._snapshot = snapshot
         self.scheduler = scheduler
@@ -177,6 +180,7 @@ class Director:
         self.parsers = ParserTable(parsers)
         self.clock = clock
         self.tracer = tracer
+        self.flow_control = flow_control
         self._rng = rng or random.Random()
 
     # --- request path ---------------------------------------------------------------------------------
@@ -247,9 +251,14 @@ class Director:
             t1 = _now_ns()
             trace.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
             t0 = t1
+        ticket: Ticket | None = None
         try:
-            candidates = self.candidates(inp.subset)
-            self._shed_if_saturated(request, candidates)
+            if self.flow_control is not None and not dry_run:
+                ticket = await self._admit_flow_control(request)
+                candidates = self.candidates(inp.subset)
+            else:
+                candidates = self.candidates(inp.subset)
+                self._shed_if_saturated(request, candidates)
             if trace is not None:
                 t1 = _now_ns()
                 trace.phase("admission", t0, t1)
@@ -267,7 +276,13 @@ class Director:
                 trace.phase("schedule", t0, t1)
                 t0 = t1
         except EppError as e:
+            if ticket is not None:
+                ticket.settle()
             self.recorder.request_error(incoming, target, e.code.value)
+            raise
+        except BaseException:
+            if ticket is not None:
+                ticket.settle()
             raise
         primary = result.primary
         assert primary is not None
@@ -295,6 +310,8 @@ class Director:
                 upstream.update((k.lower(), v) for k, v in plugin_headers.items())
             if trace is not None:
                 trace.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
+        if ticket is not None:
+            ticket.settle()  # its load is counted: the flow controller may release the next request
         if trace is not None:
             trace.inject(upstream)
         return RoutingDecision(
@@ -326,6 +343,15 @@ class Director:
             upstream_headers=upstream,
             candidates=tuple(candidates),
         )
+
+    async def _admit_flow_control(self, request: InferenceRequest) -> Ticket:
+        """The flowControl gate: waits in the flow controller's queues until released. Cancellation of the
+        calling task (the client went away) takes the request out of its queue."""
+        assert self.flow_control is not None
+        try:
+            return await self.flow_control.enqueue_and_wait(request)
+        except FlowControlRejected as e:
+            raise RequestDropped(e.code, e.message, e.reason) from None
 
     def _shed_if_saturated(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         """Legacy admission: a sheddable request (priority < 0) is refused while the candidates are saturated."""
@@ -409,6 +435,8 @@ class Director:
             load = endpoint.load
             load.requests = max(load.requests - 1, 0)
             load.tokens = max(load.tokens - handle.reserved_tokens, 0)
+        if self.flow_control is not None:
+            self.flow_control.notify()  # capacity may have freed for a queued request
         status = outcome.status or handle.status
         info = ResponseInfo(
             status=status,
