@@ -253,9 +253,7 @@ def decode_batch(payload: bytes, stats: DecodeStats) -> EventBatch | None:
             stats.count("unknown", "unknown event tag")
             continue
         out.append(event)
-    return EventBatch(
-        ts=float(ts), events=tuple(out), data_parallel_rank=rank if isinstance(rank, int) else None
-    )
+    return EventBatch(ts=float(ts), events=tuple(out), data_parallel_rank=rank if isinstance(rank, int) else None)
 
 
 SEQ = struct.Struct(">Q")

@@ -94,7 +94,8 @@ class KVBlockIndex:
 
     def request_keys_of(self, pod: str, engine_key: int) -> tuple[int, ...]:
         with self._lock:
-            return self._engine.get(pod, {}).get(engine_key, ())
+            engine = self._engine.get(pod)
+            return engine.get(engine_key, ()) if engine is not None else ()
 
     def lookup(self, keys: Sequence[int], candidates: Collection[str] | None = None) -> list[dict[str, set[str]]]:
         """For the leading keys, the candidate endpoints holding each and on which media; stops at the first
