@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from llm_epp.framework import Registry
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
 from llm_epp.plugins.parsers import openai_parser, passthrough_parser
-from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer, inflight_load_producer
+from llm_epp.plugins.requestcontrol import (
+    approx_prefix_cache_producer,
+    inflight_load_producer,
+    precise_prefix_cache_producer,
+    token_producer,
+    tokenizer,
+)
 from llm_epp.plugins.scheduling import (
     active_request_scorer,
     by_label,
@@ -18,6 +25,7 @@ from llm_epp.plugins.scheduling import (
     lora_affinity_scorer,
     max_score_picker,
     no_hit_lru_scorer,
+    precise_prefix_cache_scorer,
     prefix_cache_affinity_filter,
     prefix_cache_scorer,
     prefix_hash_scorer,
@@ -60,6 +68,10 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
+    precise_prefix_cache_producer,
+    precise_prefix_cache_scorer,
+    token_producer,
+    tokenizer,
 )
 
 
@@ -67,4 +79,9 @@ def builtin_registry() -> Registry:
     registry = Registry()
     for module in _MODULES:
         registry.register(module.TYPE, module.Params, module.factory)
+    # as in llm-d: a plugin consuming these keys with no producer configured gets one of these types
+    registry.set_default_producer(
+        precise_prefix_cache_producer.PRECISE_MATCH_KEY.name, precise_prefix_cache_producer.TYPE
+    )
+    registry.set_default_producer(TOKENIZED_PROMPT_KEY.name, token_producer.TYPE)
     return registry
