@@ -36,7 +36,7 @@ def _cbor_text(s: str) -> bytes:
 
 
 def test_sha256_cbor_matches_a_hand_encoded_chain() -> None:
-    tokens = list(range(100, 108)) + [300, 70000, 5, 6]  # 12 tokens: 3 blocks of 4
+    tokens = [*range(100, 108), 300, 70000, 5, 6]  # 12 tokens: 3 blocks of 4
     none = hashlib.sha256(_cbor_text("42")).digest()
     expected = []
     prev = none
@@ -45,7 +45,7 @@ def test_sha256_cbor_matches_a_hand_encoded_chain() -> None:
         prev = hashlib.sha256(_cbor_block(prev, tokens[i * 4 : i * 4 + 4], extra)).digest()
         expected.append(prev)
     got = vh.block_hashes(
-        tokens + [1, 2], 4, algorithm="sha256_cbor", python_hash_seed="42", lora_name="adapter", cache_salt="salt"
+        [*tokens, 1, 2], 4, algorithm="sha256_cbor", python_hash_seed="42", lora_name="adapter", cache_salt="salt"
     )
     assert got == expected
     assert vh.none_hash("sha256_cbor", "42") == none

@@ -11,9 +11,10 @@ Scheduling intent:
       `POST {url}/v1/chat/completions/render` (chat; `{token_ids, ...}`), sent the client's body with
       `model` set to `modelName` — typically a GPU-less `vllm launch render <model>` sidecar.
     - `tokenizerPath` (llm-epp): a local Hugging Face `tokenizer.json` loaded with the `tokenizers`
-      library. It tokenizes completions prompts (string, or the first of a list) as the engine does with
-      special tokens added; chat completions need the model's chat template, which only the render
-      backend applies, so chat requests get no tokens from it.
+      library. It tokenizes completions prompts (string, or the first of a list) as the engine does, with
+      special tokens added and any padding or truncation the file configures turned off; chat completions
+      need the model's chat template, which only the render backend applies, so chat requests get no
+      tokens from it.
     - `estimate`: no tokenizer. Token ids the client sent (generate, completions with token-id prompts)
       are used as they are; otherwise the prompt text's UTF-8 bytes are packed four to an id (`exact` is
       False: the ids never match an engine's, so precise prefix routing degrades to no hits).
@@ -205,6 +206,9 @@ class TokenProducer:
                 self._tokenizer = Tokenizer.from_file(params.tokenizer_path)
             except Exception as e:  # the library raises its own exception types
                 raise ValueError(f"tokenizerPath {params.tokenizer_path!r}: cannot load a tokenizer.json: {e}") from e
+            # a prompt is never padded or cut by the engine (files made for embedding models set both)
+            self._tokenizer.no_padding()
+            self._tokenizer.no_truncation()
         vllm = params.vllm or VllmConfig()
         self._url = vllm.url.rstrip("/")
         self._timeout = parse_go_duration(vllm.timeout)
