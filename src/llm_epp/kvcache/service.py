@@ -1,12 +1,14 @@
 """The in-memory `KVIndexService`: one `KVBlockIndex` and one subscriber thread per opened index.
 
 Plugins reach it through `llm_epp.framework.kvindex` only. The application may install it explicitly and
-start every opened index's subscribers eagerly, following the pool (`start(endpoints_fn)`), and stop them
-on shutdown (`stop()`); without that, an index starts its subscribers the first time its plugin calls
-`follow()` (from PrepareData)."""
+run `service.run(datastore.snapshot)` as a task: it hands the pool to every opened index once a second
+(on the event loop, so the datastore is never read from another thread) and stops the subscribers when
+cancelled. Without that, an index starts its subscribers the first time its plugin calls `follow()`
+(from PrepareData)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -64,16 +66,9 @@ class InMemoryKVIndex:
         s = self.settings
         if s.discover_pods:
             self.runner.set_sources(sources_for(endpoints, s.socket_port, s.replay_socket_port))
-        else:
+        elif endpoints:  # an empty snapshot (pool not synced yet) drops nothing
             self.index.retain_pods({e.hostport for e in endpoints})
         if (s.discover_pods or s.zmq_endpoint) and not self.runner.running():
-            self.runner.start()
-
-    def start(self, endpoints_fn: Callable[[], Sequence[Endpoint]]) -> None:
-        s = self.settings
-        if s.discover_pods:
-            self.runner.start(lambda: sources_for(endpoints_fn(), s.socket_port, s.replay_socket_port))
-        elif s.zmq_endpoint:
             self.runner.start()
 
     def stop(self) -> None:
@@ -86,33 +81,34 @@ class InMemoryKVIndexService:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._indexes: list[InMemoryKVIndex] = []
-        self._endpoints_fn: Callable[[], Sequence[Endpoint]] | None = None
 
     def open(self, name: str, settings: KVIndexSettings) -> InMemoryKVIndex:
         index = InMemoryKVIndex(name, settings)
         with self._lock:
             self._indexes.append(index)
-            endpoints_fn = self._endpoints_fn
-        if endpoints_fn is not None:
-            index.start(endpoints_fn)
         return index
 
     def indexes(self) -> list[InMemoryKVIndex]:
         with self._lock:
             return list(self._indexes)
 
-    def start(self, endpoints_fn: Callable[[], Sequence[Endpoint]]) -> None:
-        """Follows the pool with every index opened so far and later; `endpoints_fn` must be safe to call
-        from another thread (a datastore snapshot is)."""
-        with self._lock:
-            self._endpoints_fn = endpoints_fn
-            indexes = list(self._indexes)
-        for index in indexes:
-            index.start(endpoints_fn)
+    def follow(self, endpoints: Sequence[Endpoint]) -> None:
+        """Hands the pool to every opened index (starting their subscribers)."""
+        for index in self.indexes():
+            if endpoints or index.settings.zmq_endpoint:
+                index.follow(endpoints)
+
+    async def run(self, endpoints_fn: Callable[[], Sequence[Endpoint]], interval: float = 1.0) -> None:
+        """Follows the pool every `interval` seconds until cancelled, then stops every subscriber."""
+        try:
+            while True:
+                self.follow(endpoints_fn())
+                await asyncio.sleep(interval)
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         with self._lock:
-            indexes, self._indexes = self._indexes, []
-            self._endpoints_fn = None
+            indexes = list(self._indexes)
         for index in indexes:
             index.stop()

@@ -111,6 +111,8 @@ class KVEventsRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._subs: dict[str, _Sub] = {}  # owned by the thread
+        self._subscribed: tuple[str, ...] = ()  # what the thread last set up, for other threads to read
 
     # --- control (any thread) --------------------------------------------------------------------------
     def set_sources(self, sources: Iterable[PodSource]) -> None:
@@ -122,7 +124,7 @@ class KVEventsRunner:
 
     def start(self, sources_fn: Callable[[], Iterable[PodSource]] | None = None) -> None:
         """Starts the thread (idempotent). With `sources_fn` the thread re-reads the endpoint set every
-        `refresh_interval` seconds."""
+        `refresh_interval` seconds; it runs on the subscriber thread, so it must be safe to call there."""
         if sources_fn is not None:
             self._sources_fn = sources_fn
         if self.running():
@@ -143,10 +145,10 @@ class KVEventsRunner:
             self._ctx = None
 
     def subscribed(self) -> list[str]:
-        return sorted(self._subs)
+        """Endpoints with a live subscription (as of the thread's last reconcile)."""
+        return sorted(self._subscribed)
 
     # --- the thread ------------------------------------------------------------------------------------
-    _subs: dict[str, _Sub]
 
     def _run(self) -> None:
         assert self._ctx is not None
@@ -190,6 +192,7 @@ class KVEventsRunner:
         if central is not None:
             central.socket.close(0)
         self._subs = {}
+        self._subscribed = ()
 
     def _reconcile(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller) -> None:
         with self._lock:
@@ -214,6 +217,7 @@ class KVEventsRunner:
             self._subs[pod_id] = _Sub(source, sock)
             poller.register(sock, zmq.POLLIN)
             log.debug("kv_events_subscribed pod=%s endpoint=%s", pod_id, source.endpoint)
+        self._subscribed = tuple(self._subs)
         self.index.retain_pods(set(wanted))
 
     def _drain(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, central: dict[str, int] | None) -> None:
