@@ -14,6 +14,7 @@ Only full blocks get keys; a partial tail is dropped."""
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 
@@ -30,9 +31,22 @@ _U64 = (1 << 64) - 1
 
 def fnv64a(data: bytes) -> int:
     h = _FNV_OFFSET
+    prime = _FNV_PRIME
+    mask = _U64
     for b in data:
-        h = ((h ^ b) * _FNV_PRIME) & _U64
+        h = ((h ^ b) * prime) & mask
     return h
+
+
+MEMO_SIZE = 1 << 16
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _cbor_fnv_block(parent: int, tokens: tuple[int, ...], extra: tuple[str, ...] | None) -> int:
+    """One block key; memoized, since shared prefixes (the point of prefix caching) hash the same blocks
+    again and again, on the lookup path and when their BlockStored events arrive (lru_cache is
+    thread-safe)."""
+    return fnv64a(cbor2.dumps([parent, list(tokens), list(extra) if extra else None], canonical=True))
 
 
 class RequestKeyHasher:
@@ -63,7 +77,7 @@ class RequestKeyHasher:
                 h.update(struct.pack("<Q", len(data)))
                 h.update(data)
             return h.intdigest()
-        return fnv64a(cbor2.dumps([parent, list(tokens), list(extra) if extra else None], canonical=True))
+        return _cbor_fnv_block(parent, tuple(tokens), tuple(extra) if extra else None)
 
     def root(self, model: str) -> int:
         """The chain's start for a model (or LoRA adapter) name."""

@@ -40,7 +40,8 @@ Inputs consumed:
 
 Configuration:
     tokenProcessorConfig.blockSizeTokens (int, default 16; `blockSize` is its deprecated name): tokens per
-        block key. It need not equal the engine's `--block-size`.
+        block key. It must divide the engine's `--block-size` (equal is simplest), so engine blocks map onto
+        whole keys.
     tokenProcessorConfig.hashSeed (string, default ""): seeds the key chain.
     tokenProcessorConfig.hashAlgorithm ("cbor-fnv" (default) or "xxh64").
     indexerConfig.kvBlockIndexConfig.inMemoryConfig.size (int, default 1e8): most keys kept (LRU).
