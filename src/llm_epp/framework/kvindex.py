@@ -6,9 +6,9 @@ then uses only the `KVBlockIndexView` protocol below. The service is installed b
 (`install_kv_index_service`); when none is installed, the one registered under the entry-point group
 `llm_epp.kvindex` (name `default`) is loaded on first use, the way out-of-tree plugins are found.
 
-Costs and threading: `request_keys` hashes every full block of a prompt (run it off the event loop, e.g.
-in `asyncio.to_thread` inside PrepareData); `score`, `matched_blocks` and the speculative calls take a
-short lock and are cheap. All methods are safe to call from any thread."""
+Costs and threading: `request_keys` hashes every full block of a prompt and `match` takes the index lock
+(which the event subscriber also takes): run both off the event loop, e.g. in `asyncio.to_thread` inside
+PrepareData. The speculative calls are cheap. All methods are safe to call from any thread."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ class KVIndexSettings:
     replay_socket_port: int = 0  # 0: no replay
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixLookup:
+    """Per endpoint (`ip:port`): `weighted`, the leading blocks it holds, each counted with the weight of
+    the best medium holding it (LongestPrefix); `blocks`, the same count unweighted. Endpoints holding no
+    leading block are absent."""
+
+    weighted: Mapping[str, float]
+    blocks: Mapping[str, int]
+
+
 @runtime_checkable
 class KVBlockIndexView(Protocol):
     """One precise prefix-cache index. Endpoints are named by `Endpoint.hostport` (`ip:port`)."""
@@ -54,12 +64,8 @@ class KVBlockIndexView(Protocol):
         """The block keys of a prompt's full blocks (partial tail dropped)."""
         ...
 
-    def score(self, keys: Sequence[int], candidates: Collection[str]) -> dict[str, float]:
-        """Per candidate, the medium-weighted count of leading blocks it holds (LongestPrefix)."""
-        ...
-
-    def matched_blocks(self, keys: Sequence[int], candidates: Collection[str]) -> dict[str, int]:
-        """Per candidate, the number of leading blocks it holds on any medium."""
+    def match(self, keys: Sequence[int], candidates: Collection[str]) -> PrefixLookup:
+        """Which leading blocks of `keys` each candidate holds."""
         ...
 
     def add_speculative(self, keys: Sequence[int], endpoints: Sequence[str], ttl: float) -> None:

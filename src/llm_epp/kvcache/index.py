@@ -220,14 +220,17 @@ class KVBlockIndex:
 
     # --- KV events -------------------------------------------------------------------------------------
     def apply(self, pod: str, model: str, batch: EventBatch) -> None:
-        """Applies one engine batch for endpoint `pod` serving `model`, in order."""
-        with self._lock:
-            for event in batch.events:
-                if isinstance(event, BlockStored):
-                    self._stored(pod, model, event)
-                elif isinstance(event, BlockRemoved):
+        """Applies one engine batch for endpoint `pod` serving `model`, in order. Block keys are hashed
+        outside the lock, so lookups never wait for hashing. Call it from one thread per index (the
+        subscriber thread): a BlockStored reads its parent, hashes, then writes."""
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                self._stored(pod, model, event)
+            elif isinstance(event, BlockRemoved):
+                with self._lock:
                     self._removed(pod, event)
-                elif isinstance(event, AllBlocksCleared):
+            elif isinstance(event, AllBlocksCleared):
+                with self._lock:
                     self._clear_pod(pod)
                     self.stats.applied += 1
 
@@ -238,21 +241,24 @@ class KVBlockIndex:
                 stats.skip("unsupported_cache_kind")
                 return
         medium = ev.medium or DEFAULT_MEDIUM
-        engine = self._engine.setdefault(pod, OrderedDict())
         if not ev.token_ids:
             # an existing block moved to another medium (e.g. offloaded to CPU): re-tag what we know
-            known = [engine[h] for h in ev.block_hashes if h in engine]
-            if not known:
-                stats.skip("unknown_block")
-                return
-            for rks in known:
-                for rk in rks:
-                    self._add(rk, (pod, medium))
-            stats.applied += 1
+            with self._lock:
+                known_map: Mapping[int, tuple[int, ...]] = self._engine.get(pod, {})
+                known = [known_map[h] for h in ev.block_hashes if h in known_map]
+                if not known:
+                    stats.skip("unknown_block")
+                    return
+                for rks in known:
+                    for rk in rks:
+                        self._add(rk, (pod, medium))
+                stats.applied += 1
             return
         parent: int | None = None
         if ev.parent_block_hash is not None:
-            parent_keys = engine.get(ev.parent_block_hash)
+            with self._lock:
+                parents = self._engine.get(pod)
+                parent_keys = parents.get(ev.parent_block_hash) if parents is not None else None
             if not parent_keys:
                 stats.skip("unknown_parent")
                 return
@@ -263,16 +269,17 @@ class KVBlockIndex:
         if not keys:
             stats.skip("no_full_block")
             return
-        for key in keys:
-            self._add(key, (pod, medium))
-        hashes = ev.block_hashes
-        if hashes:
-            for engine_key, rks in _map_engine_keys(hashes, keys).items():
+        mapping = _map_engine_keys(ev.block_hashes, keys) if ev.block_hashes else {}
+        with self._lock:
+            for key in keys:
+                self._add(key, (pod, medium))
+            engine = self._engine.setdefault(pod, OrderedDict())
+            for engine_key, rks in mapping.items():
                 engine[engine_key] = rks
                 engine.move_to_end(engine_key)
             while len(engine) > self.size:
                 engine.popitem(last=False)
-        stats.applied += 1
+            stats.applied += 1
 
     def _removed(self, pod: str, ev: BlockRemoved) -> None:
         medium = ev.medium or DEFAULT_MEDIUM

@@ -13,9 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
-from llm_epp.framework.kvindex import KVIndexSettings
+from llm_epp.framework.kvindex import KVIndexSettings, PrefixLookup
 from llm_epp.framework.types import Endpoint
-from llm_epp.kvcache.index import KVBlockIndex
+from llm_epp.kvcache.index import KVBlockIndex, longest_prefix
 from llm_epp.kvcache.request_keys import RequestKeyHasher
 from llm_epp.kvcache.subscriber import KVEventsRunner, sources_for
 
@@ -44,20 +44,18 @@ class InMemoryKVIndex:
     def request_keys(self, tokens: Sequence[int], model: str, cache_salt: str = "") -> list[int]:
         return self.index.hasher.keys(tokens, model, cache_salt=cache_salt)
 
-    def score(self, keys: Sequence[int], candidates: Collection[str]) -> dict[str, float]:
+    def match(self, keys: Sequence[int], candidates: Collection[str]) -> PrefixLookup:
         self.index.expire_speculative(self._clock())
-        return self.index.score(keys, candidates)
-
-    def matched_blocks(self, keys: Sequence[int], candidates: Collection[str]) -> dict[str, int]:
-        counts: dict[str, int] = {}
+        found = self.index.lookup(keys, candidates)
+        blocks: dict[str, int] = {}
         active: set[str] | None = None
-        for holders in self.index.lookup(keys, candidates):
-            active = set(holders) if active is None else active & set(holders)
+        for holders in found:
+            active = set(holders) if active is None else active & holders.keys()
             if not active:
                 break
             for pod in active:
-                counts[pod] = counts.get(pod, 0) + 1
-        return counts
+                blocks[pod] = blocks.get(pod, 0) + 1
+        return PrefixLookup(longest_prefix(found, self.index.medium_weights), blocks)
 
     def add_speculative(self, keys: Sequence[int], endpoints: Sequence[str], ttl: float) -> None:
         self.index.add_speculative(keys, endpoints, self._clock() + ttl)

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ from llm_epp.framework import (
     TypedName,
 )
 from llm_epp.framework.durations import parse_go_duration
-from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, kv_index_service
+from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, PrefixLookup, kv_index_service
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFILL_PROFILE, PREFIX_MATCH_KEY, PrefixMatch
 
@@ -291,20 +291,26 @@ class PrecisePrefixCacheProducer:
             )
         if len(tokens) < self.index.block_size:
             return
-        keys = await asyncio.to_thread(self.index.request_keys, tokens, request.target_model, salt)
-        self.publish(cycle, keys, endpoints)
-
-    def publish(self, cycle: CycleState, keys: Sequence[int], endpoints: Sequence[Endpoint]) -> PreciseMatch:
-        """Looks the keys up for the candidates and writes both match records."""
         by_addr = {e.hostport: e.key for e in endpoints}
-        weighted = self.index.score(keys, by_addr)
-        matched = self.index.matched_blocks(keys, by_addr)
-        match = PreciseMatch(tuple(keys), {by_addr[a]: s for a, s in weighted.items()}, self.index.block_size)
+        keys, found = await asyncio.to_thread(self._lookup, tokens, request.target_model, salt, by_addr.keys())
+        self.publish(cycle, keys, found, by_addr)
+
+    def _lookup(
+        self, tokens: Sequence[int], model: str, salt: str, candidates: Collection[str]
+    ) -> tuple[list[int], PrefixLookup]:
+        """Hashing and lookup, in a worker thread."""
+        keys = self.index.request_keys(tokens, model, salt)
+        return keys, self.index.match(keys, candidates)
+
+    def publish(
+        self, cycle: CycleState, keys: Sequence[int], found: PrefixLookup, by_addr: Mapping[str, EndpointKey]
+    ) -> PreciseMatch:
+        """Writes both match records for the candidates in `by_addr` (`ip:port` -> key)."""
+        weighted = {by_addr[a]: s for a, s in found.weighted.items() if a in by_addr}
+        match = PreciseMatch(tuple(keys), weighted, self.index.block_size)
         cycle.write(PRECISE_MATCH_KEY, match)
-        cycle.write(
-            PREFIX_MATCH_KEY,
-            PrefixMatch(match.keys, {by_addr[a]: n for a, n in matched.items()}, match.block_size_tokens),
-        )
+        counts = {by_addr[a]: n for a, n in found.blocks.items() if a in by_addr}
+        cycle.write(PREFIX_MATCH_KEY, PrefixMatch(match.keys, counts, match.block_size_tokens))
         return match
 
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
