@@ -113,6 +113,7 @@ class KVEventsRunner:
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._subs: dict[str, _Sub] = {}  # owned by the thread
         self._subscribed: tuple[str, ...] = ()  # what the thread last set up, for other threads to read
+        self.bound_endpoint = ""  # with bind_endpoint: the address actually bound (resolves a `*` port)
 
     # --- control (any thread) --------------------------------------------------------------------------
     def set_sources(self, sources: Iterable[PodSource]) -> None:
@@ -161,6 +162,7 @@ class KVEventsRunner:
             sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.bind(self.bind_endpoint)
+            self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             sock.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
             central = _Sub(PodSource("", self.bind_endpoint), sock)
             poller.register(sock, zmq.POLLIN)

@@ -150,3 +150,32 @@ def test_sources_follow_llm_d_discovery_conventions() -> None:
         PodSource("10.0.0.2:8001", "tcp://10.0.0.2:5558"),
     ]
     assert sources_for(eps[:1], 5557, 5558)[0].replay_endpoint == "tcp://10.0.0.1:5558"
+
+
+def test_central_mode_binds_and_takes_the_endpoint_from_the_topic() -> None:
+    index = KVBlockIndex(RequestKeyHasher(4, ""))
+    runner = KVEventsRunner(index, bind_endpoint="tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        runner.start()
+        wait_for(lambda: runner.bound_endpoint != "", "bind")
+        pub.connect(runner.bound_endpoint)
+        payload = stored([1], [1, 2, 3, 4])
+        keys = index.hasher.keys([1, 2, 3, 4], MODEL)
+        while not index.score(keys):
+            for pod in ("10.0.0.7:8000", "10.0.0.8:8000"):
+                pub.send_multipart([f"kv@{pod}@{MODEL}".encode(), SEQ.pack(0), payload])
+            time.sleep(0.05)
+        wait_for(lambda: len(index.score(keys)) == 2, "both publishers")
+        assert index.score(keys) == {"10.0.0.7:8000": 1.0, "10.0.0.8:8000": 1.0}
+        # another topic prefix is not subscribed to
+        pub.send_multipart([b"other@10.0.0.9:8000@m", SEQ.pack(0), payload])
+        pub.send_multipart([f"kv@10.0.0.7:8000@{MODEL}".encode(), SEQ.pack(1), stored([2], [5, 5, 5, 5])])
+        wait_for(lambda: bool(index.score(index.hasher.keys([5, 5, 5, 5], MODEL))), "seq 1")
+        assert "10.0.0.9:8000" not in index.pods()
+    finally:
+        runner.stop()
+        pub.close(0)
+        ctx.destroy(0)
