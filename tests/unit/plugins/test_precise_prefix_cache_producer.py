@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import zmq
 
-from llm_epp.framework import CycleState, ProfileResult, SchedulingResult
+from llm_epp.framework import ApiKind, CycleState, InferenceRequest, ProfileResult, RequestBody, SchedulingResult
 from llm_epp.framework.kvindex import KVIndexSettings
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, TokenizedPrompt
@@ -224,3 +224,38 @@ def test_settings_follow_the_upstream_parameters() -> None:
 def test_unsupported_or_bad_parameters_are_rejected(params: dict, message: str) -> None:
     with pytest.raises(PluginParamsError, match=message):
         REGISTRY.parse_params("precise-prefix-cache-producer", params)
+
+
+async def test_prefix_cache_scorer_reads_the_precise_match_and_no_approx_producer_is_added() -> None:
+    from llm_epp.config import load_config_text
+    from tests.unit.builders import FakeRecorder
+
+    text = """
+plugins:
+- type: token-producer
+- type: precise-prefix-cache-producer
+  parameters: {tokenProcessorConfig: {blockSizeTokens: 4}}
+- type: prefix-cache-scorer
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: max-score-picker
+"""
+    loaded = load_config_text(text, REGISTRY, FakeRecorder())
+    assert "approx-prefix-cache-producer" not in loaded.plugin_types.values()
+    producer = next(p for p in loaded.plugins.values() if isinstance(p, PrecisePrefixCacheProducer))
+    assert isinstance(producer.index, InMemoryKVIndex)
+    feed(producer.index, B.hostport, ["BlockStored", [1, 2], None, list(range(8)), 4])
+    cycle = CycleState()
+    # a generate request carries token ids: the token-producer passes them on, the producer looks them up
+    req = InferenceRequest("r", MODEL, MODEL, RequestBody(ApiKind.GENERATE, {}, token_ids=tuple(range(8))))
+    eps = [A, B, C]
+    assert [p.typed_name.type for p in loaded.prepare_data] == ["token-producer", "precise-prefix-cache-producer"]
+    for plugin in loaded.prepare_data:
+        await plugin.prepare_data(cycle, req, eps)
+    result = loaded.scheduler.schedule(req, eps, cycle)
+    assert result.primary is not None and result.primary.target_endpoints[0].key == B.key
+    assert result.primary.scores[B.key]["prefix-cache-scorer"] == 1.0
