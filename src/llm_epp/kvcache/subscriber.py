@@ -38,6 +38,7 @@ DEFAULT_SOCKET_PORT = 5557
 DEFAULT_TOPIC_FILTER = "kv@"
 _POLL_MS = 100
 _MAX_DRAIN = 256  # messages taken from one socket before the others get a turn
+_REPORT_INTERVAL_S = 60.0  # at most one warning a minute about malformed input
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +168,15 @@ class KVEventsRunner:
             central = _Sub(PodSource("", self.bind_endpoint), sock)
             poller.register(sock, zmq.POLLIN)
         next_refresh = 0.0
+        next_report = _monotonic() + _REPORT_INTERVAL_S
+        reported = 0
         clock = _monotonic
         while not self._stop.is_set():
             try:
                 now = clock()
+                if now >= next_report:
+                    next_report = now + _REPORT_INTERVAL_S
+                    reported = self._report(reported)
                 if self._sources_fn is not None and now >= next_refresh:
                     next_refresh = now + self.refresh_interval
                     self.set_sources(self._sources_fn())
@@ -195,6 +201,21 @@ class KVEventsRunner:
             central.socket.close(0)
         self._subs = {}
         self._subscribed = ()
+
+    def _report(self, reported: int) -> int:
+        """Logs a warning when malformed messages or events arrived since the last report."""
+        d = self.stats.decode
+        bad = d.malformed_messages + d.malformed_events + d.unknown_events
+        if bad > reported:
+            log.warning(
+                "kv_events_malformed new=%d messages=%d events=%d unknown=%d last_error=%r",
+                bad - reported,
+                d.malformed_messages,
+                d.malformed_events,
+                d.unknown_events,
+                d.last_error,
+            )
+        return bad
 
     def _reconcile(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller) -> None:
         with self._lock:

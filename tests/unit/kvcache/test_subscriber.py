@@ -179,3 +179,12 @@ def test_central_mode_binds_and_takes_the_endpoint_from_the_topic() -> None:
         runner.stop()
         pub.close(0)
         ctx.destroy(0)
+
+
+def test_malformed_input_is_reported_once_per_report(caplog) -> None:
+    runner = KVEventsRunner(KVBlockIndex(RequestKeyHasher(4, "")))
+    runner.stats.decode.count("message", "frames: expected 3, got 2")
+    with caplog.at_level("WARNING", logger="llm_epp.kvcache.subscriber"):
+        assert runner._report(0) == 1
+        assert runner._report(1) == 1
+    assert len(caplog.records) == 1 and "frames: expected 3" in caplog.records[0].getMessage()
