@@ -18,6 +18,16 @@ from llm_epp.plugins import builtin_registry
 
 CONFIGS = Path(__file__).parent / "configs"
 FLOW_CONTROL = "flow control"
+# upstream ignores a plugin in a profile that is no filter, scorer or picker (the llm-d precise guide lists
+# its `tokenizer` there); llm-epp's loader refuses it
+PROFILE_PRODUCER = "data producer listed in a profile"
+# llm-d-router's endpoint-notification-source hands pod add/delete events to extractors such as
+# precise-prefix-cache-producer; llm-epp's extractors read metrics pages only
+NOTIFICATION_EXTRACTOR = "endpoint-notification extractor"
+_PROFILE_PRODUCER = re.compile(r"pluginRef: '[^']+' \([^)]+\) is not a filter, scorer or picker$")
+_NOTIFICATION_EXTRACTOR = re.compile(
+    r"^dataLayer\.sources\[\d+\]\.extractors\[\d+\]\.pluginRef: .* is not an extractor$"
+)
 
 GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
@@ -68,7 +78,7 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",
-        frozenset({"token-producer", "endpoint-notification-source", "precise-prefix-cache-producer"}),
+        frozenset({"endpoint-notification-source", NOTIFICATION_EXTRACTOR}),
     ),
     "router-gpu-attributes.yaml": (
         f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
@@ -107,14 +117,13 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
                 "disagg-profile-handler",
                 "prefill-filter",
                 "decode-filter",
-                "token-producer",
                 "context-length-aware",
             }
         ),
     ),
     "guide-precise-scheduler.yaml": (
         f"{GUIDES} precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml",
-        frozenset({"tokenizer", "decode-filter", "precise-prefix-cache-scorer"}),
+        frozenset({"decode-filter", PROFILE_PRODUCER}),
     ),
 }
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""
@@ -133,6 +142,10 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(m.group(1))
         elif FLOW_CONTROL_UNSUPPORTED in p:
             missing.add(FLOW_CONTROL)
+        elif _PROFILE_PRODUCER.search(p):
+            missing.add(PROFILE_PRODUCER)
+        elif _NOTIFICATION_EXTRACTOR.search(p):
+            missing.add(NOTIFICATION_EXTRACTOR)
         else:
             other.append(p)
     return missing, other
