@@ -145,3 +145,27 @@ def test_two_replicas_fed_the_same_stream_answer_identically() -> None:
         assert replicas[0].lookup(keys) == replicas[1].lookup(keys)
         assert replicas[0].score(keys) == replicas[1].score(keys)
     assert len(replicas[0]) == len(replicas[1]) > 0
+
+
+def test_events_with_vllm_block_hashes_as_ints_or_bytes_chain_alike() -> None:
+    """A prompt stored in two steps with the engine's real hashes (sha256_cbor, PYTHONHASHSEED=42), once as
+    the 64-bit ints vLLM publishes by default and once as the raw 32-byte digests."""
+    from llm_epp.kvcache import vllm_hashing
+
+    tokens = list(range(500, 516))
+    digests = vllm_hashing.block_hashes(tokens, 4, algorithm="sha256_cbor", python_hash_seed="42")
+    for encode in (vllm_hashing.external_hash, lambda d: d):
+        idx = index()
+        hashes = [encode(d) for d in digests]
+        first = msgspec.msgpack.encode([0.0, [["BlockStored", hashes[:2], None, tokens[:8], 4]], 0])
+        second = msgspec.msgpack.encode([0.0, [["BlockStored", hashes[2:], hashes[1], tokens[8:], 4]], 0])
+        for payload in (first, second):
+            decoded = decode_batch(payload, DecodeStats())
+            assert decoded is not None
+            idx.apply(A, MODEL, decoded)
+        keys = idx.hasher.keys(tokens, MODEL)
+        assert idx.score(keys) == {A: 4.0}
+        removed = decode_batch(msgspec.msgpack.encode([0.0, [["BlockRemoved", [hashes[3]]]], 0]), DecodeStats())
+        assert removed is not None
+        idx.apply(A, MODEL, removed)
+        assert idx.score(keys) == {A: 3.0}
