@@ -17,7 +17,18 @@ from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry
 
 CONFIGS = Path(__file__).parent / "configs"
+
 EVICTION = "flow-control eviction"
+# upstream ignores a plugin in a profile that is no filter, scorer or picker (the llm-d precise guide lists
+# its `tokenizer` there); llm-epp's loader refuses it
+PROFILE_PRODUCER = "data producer listed in a profile"
+# llm-d-router's endpoint-notification-source hands pod add/delete events to extractors such as
+# precise-prefix-cache-producer; llm-epp's extractors read metrics pages only
+NOTIFICATION_EXTRACTOR = "endpoint-notification extractor"
+_PROFILE_PRODUCER = re.compile(r"pluginRef: '[^']+' \([^)]+\) is not a filter, scorer or picker$")
+_NOTIFICATION_EXTRACTOR = re.compile(
+    r"^dataLayer\.sources\[\d+\]\.extractors\[\d+\]\.pluginRef: .* is not an extractor$"
+)
 
 GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
@@ -35,7 +46,7 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",
-        frozenset({"token-producer", "endpoint-notification-source", "precise-prefix-cache-producer"}),
+        frozenset({"endpoint-notification-source", NOTIFICATION_EXTRACTOR}),
     ),
     "router-gpu-attributes.yaml": (
         f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
@@ -45,13 +56,9 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
         frozenset({EVICTION}),
     ),
-    "guide-context-length-pd.yaml": (
-        f"{GUIDES} context-length-aware-pd/router.values.yaml",
-        frozenset({"token-producer"}),
-    ),
     "guide-precise-scheduler.yaml": (
         f"{GUIDES} precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml",
-        frozenset({"tokenizer", "precise-prefix-cache-scorer"}),
+        frozenset({PROFILE_PRODUCER}),
     ),
 }
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""
@@ -77,6 +84,10 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(m.group(1))  # a parameter naming a producer that does not exist yet
         elif EVICTION_UNSUPPORTED in p:
             missing.add(EVICTION)
+        elif _PROFILE_PRODUCER.search(p):
+            missing.add(PROFILE_PRODUCER)
+        elif _NOTIFICATION_EXTRACTOR.search(p):
+            missing.add(NOTIFICATION_EXTRACTOR)
         else:
             other.append(p)
     return missing, other

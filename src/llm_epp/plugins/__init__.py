@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llm_epp.framework import Registry
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
 from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
 from llm_epp.plugins.disagg import (
     always_disagg_multimodal_decider,
@@ -36,9 +37,12 @@ from llm_epp.plugins.requestcontrol import (
     destination_endpoint_served_verifier,
     inflight_load_producer,
     p2p_source_producer,
+    precise_prefix_cache_producer,
     probabilistic_admitter,
     request_attribute_reporter,
     session_id_producer,
+    token_producer,
+    tokenizer,
 )
 from llm_epp.plugins.scheduling import (
     active_request_scorer,
@@ -54,6 +58,7 @@ from llm_epp.plugins.scheduling import (
     lora_affinity_scorer,
     max_score_picker,
     no_hit_lru_scorer,
+    precise_prefix_cache_scorer,
     prefix_cache_affinity_filter,
     prefix_cache_scorer,
     prefix_hash_scorer,
@@ -129,6 +134,10 @@ _MODULES = (
     program_aware_fairness,
     probabilistic_admitter,
     utilization_filter,
+    precise_prefix_cache_producer,
+    precise_prefix_cache_scorer,
+    token_producer,
+    tokenizer,
 )
 
 _PD = "prefill/decode disaggregation"
@@ -253,4 +262,9 @@ def builtin_registry() -> Registry:
         registry.register(module.TYPE, module.Params, module.factory)
     for plugin_type, reason in UNSUPPORTED.items():
         registry.mark_unsupported(plugin_type, reason)
+    # as in llm-d: a plugin consuming these keys with no producer configured gets one of these types
+    registry.set_default_producer(
+        precise_prefix_cache_producer.PRECISE_MATCH_KEY.name, precise_prefix_cache_producer.TYPE
+    )
+    registry.set_default_producer(TOKENIZED_PROMPT_KEY.name, token_producer.TYPE)
     return registry

@@ -171,7 +171,7 @@ def test_identity_category_and_hooks() -> None:
     assert isinstance(scorer, PreRequest)
 
 
-def test_prefix_match_info_producer_name_may_name_only_the_approx_producer() -> None:
+def test_prefix_match_info_producer_name_may_name_only_a_prefix_producer() -> None:
     from llm_epp.framework.registry import PluginParamsError
     from llm_epp.plugins import builtin_registry
 
@@ -179,4 +179,4 @@ def test_prefix_match_info_producer_name_may_name_only_the_approx_producer() -> 
     params = registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"})
     assert params.prefix_match_info_producer_name == "approx-prefix-cache-producer"
     with pytest.raises(PluginParamsError, match="not supported yet"):
-        registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"})
+        registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "my-prefix-producer"})

@@ -100,7 +100,7 @@ def test_spread_fraction_is_fnv1a_32() -> None:
     ("raw", "problem"),
     [
         ({"minCachedTokenDelta": 0}, "greater than or equal to 1"),
-        ({"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
     ],
     ids=["delta", "precise"],
 )

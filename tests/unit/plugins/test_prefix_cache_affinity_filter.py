@@ -146,7 +146,7 @@ def test_ttft_load_gate(tokens: dict[str, int], penalty_ms: float, expected: lis
         ({"peakPrefillThroughput": 0}, "peakPrefillThroughput must be > 0"),
         ({"peakPrefillThroughput": -1}, "greater than or equal to 0"),
         ({"latencyPredictionInfoProducerName": "predicted-latency-producer"}, "not supported yet"),
-        ({"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
     ],
     ids=["predictor", "unknown-source", "zero-throughput", "negative-throughput", "predictor-name", "precise"],
 )

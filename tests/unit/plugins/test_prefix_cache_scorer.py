@@ -167,7 +167,7 @@ def test_match_length_is_capped_at_the_scale() -> None:
         ({"matchLengthWeight": 1.5}, "less than or equal to 1"),
         ({"matchLengthWeight": -0.1}, "greater than or equal to 0"),
         ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0}, "matchLengthScaleTokens must be > 0"),
-        ({"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
     ],
     ids=["weight-above-1", "negative-weight", "zero-scale", "precise-producer"],
 )

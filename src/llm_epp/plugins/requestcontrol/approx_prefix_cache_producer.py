@@ -140,14 +140,17 @@ PREFIX_MATCH_KEY: StateKey[PrefixMatch] = StateKey("prefix-cache-match-info")
 `PrefixCacheMatchInfoKey` endpoint attribute)."""
 
 
+PRECISE_PRODUCER = "precise-prefix-cache-producer"
+
+
 def check_prefix_producer_name(value: str) -> str:
-    """Validates a consumer's `prefixMatchInfoProducerName`. llm-epp keeps one prefix match per request, from
-    its approx-prefix-cache-producer, so the parameter may name only that producer (or be left out)."""
-    if value and value != TYPE:
+    """Validates a consumer's `prefixMatchInfoProducerName`. llm-epp keeps one prefix match per request,
+    written by whichever prefix producer the configuration has (the approximate or the precise one), so the
+    parameter may name one of those two (or be left out)."""
+    if value and value not in (TYPE, PRECISE_PRODUCER):
         raise ValueError(
             f"prefixMatchInfoProducerName {value!r} is not supported yet: llm-epp's prefix matches come from "
-            f"its {TYPE} only (precise-prefix-cache-producer is not supported yet); leave the parameter out "
-            f"or set it to {TYPE!r}"
+            f"{TYPE} or {PRECISE_PRODUCER} (under their type names); leave the parameter out or name one of them"
         )
     return value
 

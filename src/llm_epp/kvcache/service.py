@@ -1,0 +1,112 @@
+"""The in-memory `KVIndexService`: one `KVBlockIndex` and one subscriber thread per opened index.
+
+Plugins reach it through `llm_epp.framework.kvindex` only. The application may install it explicitly and
+run `service.run(datastore.snapshot)` as a task: it hands the pool to every opened index once a second
+(on the event loop, so the datastore is never read from another thread) and stops the subscribers when
+cancelled. Without that, an index starts its subscribers the first time its plugin calls `follow()`
+(from PrepareData)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from llm_epp.framework.kvindex import KVIndexSettings, PrefixLookup
+from llm_epp.framework.types import Endpoint
+from llm_epp.kvcache.index import KVBlockIndex, longest_prefix
+from llm_epp.kvcache.request_keys import RequestKeyHasher
+from llm_epp.kvcache.subscriber import KVEventsRunner, sources_for
+
+
+class InMemoryKVIndex:
+    """`KVBlockIndexView` over a `KVBlockIndex`, with its subscriber runner."""
+
+    def __init__(self, name: str, settings: KVIndexSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.settings = settings
+        self.index = KVBlockIndex(
+            RequestKeyHasher(settings.block_size, settings.hash_seed, settings.hash_algorithm),
+            size=settings.size,
+            pod_cache_size=settings.pod_cache_size,
+            medium_weights=settings.medium_weights,
+        )
+        self.runner = KVEventsRunner(
+            self.index, topic_filter=settings.topic_filter, bind_endpoint=settings.zmq_endpoint
+        )
+        self._clock = clock
+
+    @property
+    def block_size(self) -> int:
+        return self.index.block_size
+
+    def request_keys(self, tokens: Sequence[int], model: str, cache_salt: str = "") -> list[int]:
+        return self.index.hasher.keys(tokens, model, cache_salt=cache_salt)
+
+    def match(self, keys: Sequence[int], candidates: Collection[str]) -> PrefixLookup:
+        self.index.expire_speculative(self._clock())
+        found = self.index.lookup(keys, candidates)
+        blocks: dict[str, int] = {}
+        active: set[str] | None = None
+        for holders in found:
+            active = set(holders) if active is None else active & holders.keys()
+            if not active:
+                break
+            for pod in active:
+                blocks[pod] = blocks.get(pod, 0) + 1
+        return PrefixLookup(longest_prefix(found, self.index.medium_weights), blocks)
+
+    def add_speculative(self, keys: Sequence[int], endpoints: Sequence[str], ttl: float) -> None:
+        self.index.add_speculative(keys, endpoints, self._clock() + ttl)
+
+    def follow(self, endpoints: Sequence[Endpoint]) -> None:
+        s = self.settings
+        if s.discover_pods:
+            self.runner.set_sources(sources_for(endpoints, s.socket_port, s.replay_socket_port))
+        elif endpoints:  # an empty snapshot (pool not synced yet) drops nothing
+            self.index.retain_pods({e.hostport for e in endpoints})
+        if (s.discover_pods or s.zmq_endpoint) and not self.runner.running():
+            self.runner.start()
+
+    def stop(self) -> None:
+        self.runner.stop()
+
+
+class InMemoryKVIndexService:
+    """Opens `InMemoryKVIndex`es and starts/stops their subscribers together."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._indexes: list[InMemoryKVIndex] = []
+
+    def open(self, name: str, settings: KVIndexSettings) -> InMemoryKVIndex:
+        index = InMemoryKVIndex(name, settings)
+        with self._lock:
+            self._indexes.append(index)
+        return index
+
+    def indexes(self) -> list[InMemoryKVIndex]:
+        with self._lock:
+            return list(self._indexes)
+
+    def follow(self, endpoints: Sequence[Endpoint]) -> None:
+        """Hands the pool to every opened index (starting their subscribers)."""
+        for index in self.indexes():
+            if endpoints or index.settings.zmq_endpoint:
+                index.follow(endpoints)
+
+    async def run(self, endpoints_fn: Callable[[], Sequence[Endpoint]], interval: float = 1.0) -> None:
+        """Follows the pool every `interval` seconds until cancelled, then stops every subscriber."""
+        try:
+            while True:
+                self.follow(endpoints_fn())
+                await asyncio.sleep(interval)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            indexes = list(self._indexes)
+        for index in indexes:
+            index.stop()

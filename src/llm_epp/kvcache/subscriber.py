@@ -1,0 +1,332 @@
+"""KV-event subscribers: one ZMQ SUB socket per model-server endpoint, all served by one background thread
+that keeps the block index current, off the request path.
+
+Per endpoint (llm-d's pod-discovery convention) the thread connects to `tcp://<ip>:<socketPort + rank>`
+and subscribes to `topicFilter` (default `kv@`; vLLM's topic is `kv@<ip:port>@<model>`). Each message is
+[topic, 8-byte big-endian sequence, msgpack batch]. The thread tracks the sequence per endpoint:
+
+- a gap (seq > last + 1) is filled from the engine's replay socket when `replaySocketPort` is set
+  (ROUTER; request [empty, start_seq]; answers [empty, seq, batch] ... then the all-0xFF end marker), else
+  counted;
+- a sequence going back (seq < last) means the engine restarted: the endpoint's blocks are dropped before
+  the new batch is applied;
+- the first message from an endpoint with seq > 0 asks for a replay from 0, so a new EPP replica catches
+  up with what the engine still buffers.
+
+Malformed frames and batches are counted (`DecodeStats`) and skipped; nothing a publisher sends stops the
+thread. Endpoints that leave the pool are unsubscribed and dropped from the index. With `zmqEndpoint` set
+the thread instead binds one SUB socket there and every engine connects to it; the endpoint then comes
+from the topic."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from time import monotonic as _monotonic
+
+import zmq
+
+from llm_epp.framework.types import Endpoint, join_host_port
+from llm_epp.kvcache.events import END_OF_REPLAY, SEQ, DecodeStats, decode_batch, decode_seq, parse_topic
+from llm_epp.kvcache.index import KVBlockIndex
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET_PORT = 5557
+DEFAULT_TOPIC_FILTER = "kv@"
+_POLL_MS = 100
+_MAX_DRAIN = 256  # messages taken from one socket before the others get a turn
+_REPORT_INTERVAL_S = 60.0  # at most one warning a minute about malformed input
+
+
+@dataclass(frozen=True, slots=True)
+class PodSource:
+    """Where one endpoint publishes: `pod_id` is its `ip:port` (how the index names endpoints)."""
+
+    pod_id: str
+    endpoint: str
+    replay_endpoint: str = ""
+
+
+def rank_of(endpoint: Endpoint) -> int:
+    """The data-parallel rank encoded in an endpoint name (`<pod>-rank-<n>`), else 0."""
+    name = endpoint.key.name
+    head, sep, tail = name.rpartition("-rank-")
+    return int(tail) if sep and head and tail.isdigit() else 0
+
+
+def sources_for(endpoints: Iterable[Endpoint], socket_port: int, replay_port: int = 0) -> list[PodSource]:
+    out: list[PodSource] = []
+    for ep in endpoints:
+        address = ep.metadata.address
+        if not address:
+            continue
+        rank = rank_of(ep)
+        replay = f"tcp://{join_host_port(address, replay_port + rank)}" if replay_port > 0 else ""
+        out.append(PodSource(ep.hostport, f"tcp://{join_host_port(address, socket_port + rank)}", replay))
+    return out
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    messages: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    replay_failures: int = 0
+    restarts: int = 0
+    duplicates: int = 0
+    decode: DecodeStats = field(default_factory=DecodeStats)
+
+
+@dataclass(slots=True)
+class _Sub:
+    source: PodSource
+    socket: zmq.Socket[bytes]
+    last_seq: int | None = None
+
+
+class KVEventsRunner:
+    """Owns the subscriber thread for one index. `start()` / `stop()` from the event loop or anywhere;
+    `set_sources` and `start(sources_fn=...)` tell it which endpoints to follow."""
+
+    def __init__(
+        self,
+        index: KVBlockIndex,
+        *,
+        topic_filter: str = DEFAULT_TOPIC_FILTER,
+        bind_endpoint: str = "",
+        replay_timeout: float = 2.0,
+        refresh_interval: float = 1.0,
+    ) -> None:
+        self.index = index
+        self.topic_filter = topic_filter
+        self.bind_endpoint = bind_endpoint
+        self.replay_timeout = replay_timeout
+        self.refresh_interval = refresh_interval
+        self.stats = SubscriberStats()
+        self._lock = threading.Lock()
+        self._wanted: dict[str, PodSource] | None = None
+        self._sources_fn: Callable[[], Iterable[PodSource]] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._subs: dict[str, _Sub] = {}  # owned by the thread
+        self._subscribed: tuple[str, ...] = ()  # what the thread last set up, for other threads to read
+        self.bound_endpoint = ""  # with bind_endpoint: the address actually bound (resolves a `*` port)
+
+    # --- control (any thread) --------------------------------------------------------------------------
+    def set_sources(self, sources: Iterable[PodSource]) -> None:
+        with self._lock:
+            self._wanted = {s.pod_id: s for s in sources}
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, sources_fn: Callable[[], Iterable[PodSource]] | None = None) -> None:
+        """Starts the thread (idempotent). With `sources_fn` the thread re-reads the endpoint set every
+        `refresh_interval` seconds; it runs on the subscriber thread, so it must be safe to call there."""
+        if sources_fn is not None:
+            self._sources_fn = sources_fn
+        if self.running():
+            return
+        self._stop.clear()
+        self._ctx = zmq.Context()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        self._thread = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def subscribed(self) -> list[str]:
+        """Endpoints with a live subscription (as of the thread's last reconcile)."""
+        return sorted(self._subscribed)
+
+    # --- the thread ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._ctx is not None
+        ctx = self._ctx
+        self._subs = {}
+        poller = zmq.Poller()
+        central: _Sub | None = None
+        central_seqs: dict[str, int] = {}
+        if self.bind_endpoint:
+            sock = ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(self.bind_endpoint)
+            self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
+            central = _Sub(PodSource("", self.bind_endpoint), sock)
+            poller.register(sock, zmq.POLLIN)
+        next_refresh = 0.0
+        next_report = _monotonic() + _REPORT_INTERVAL_S
+        reported = 0
+        clock = _monotonic
+        while not self._stop.is_set():
+            try:
+                now = clock()
+                if now >= next_report:
+                    next_report = now + _REPORT_INTERVAL_S
+                    reported = self._report(reported)
+                if self._sources_fn is not None and now >= next_refresh:
+                    next_refresh = now + self.refresh_interval
+                    self.set_sources(self._sources_fn())
+                self._reconcile(ctx, poller)
+                ready = dict(poller.poll(_POLL_MS))
+                for sub in list(self._subs.values()):
+                    if sub.socket in ready:
+                        self._drain(ctx, sub, None)
+                if central is not None and central.socket in ready:
+                    self._drain(ctx, central, central_seqs)
+            except zmq.ZMQError as e:
+                if self._stop.is_set():
+                    break
+                log.warning("kv_events_socket_error error=%s", e)
+                self._stop.wait(0.1)
+            except Exception:  # the subscriber thread must never die; count and go on
+                log.exception("kv_events_unexpected_error")
+                self._stop.wait(0.1)
+        for sub in self._subs.values():
+            sub.socket.close(0)
+        if central is not None:
+            central.socket.close(0)
+        self._subs = {}
+        self._subscribed = ()
+
+    def _report(self, reported: int) -> int:
+        """Logs a warning when malformed messages or events arrived since the last report."""
+        d = self.stats.decode
+        bad = d.malformed_messages + d.malformed_events + d.unknown_events
+        if bad > reported:
+            log.warning(
+                "kv_events_malformed new=%d messages=%d events=%d unknown=%d last_error=%r",
+                bad - reported,
+                d.malformed_messages,
+                d.malformed_events,
+                d.unknown_events,
+                d.last_error,
+            )
+        return bad
+
+    def _reconcile(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller) -> None:
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None:
+            return
+        for pod_id, sub in list(self._subs.items()):
+            if wanted.get(pod_id) != sub.source:
+                poller.unregister(sub.socket)
+                sub.socket.close(0)
+                del self._subs[pod_id]
+                if pod_id not in wanted:
+                    self.index.clear_pod(pod_id)
+                    log.debug("kv_events_unsubscribed pod=%s", pod_id)
+        for pod_id, source in wanted.items():
+            if pod_id in self._subs:
+                continue
+            sock = ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic_filter.encode())
+            sock.connect(source.endpoint)
+            self._subs[pod_id] = _Sub(source, sock)
+            poller.register(sock, zmq.POLLIN)
+            log.debug("kv_events_subscribed pod=%s endpoint=%s", pod_id, source.endpoint)
+        self._subscribed = tuple(self._subs)
+        self.index.retain_pods(set(wanted))
+
+    def _drain(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, central: dict[str, int] | None) -> None:
+        for _ in range(_MAX_DRAIN):
+            try:
+                frames = sub.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(ctx, sub, frames, central)
+
+    def _handle(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, frames: Sequence[bytes], central: dict[str, int] | None
+    ) -> None:
+        stats = self.stats
+        stats.messages += 1
+        if len(frames) != 3:
+            stats.decode.count("message", f"frames: expected 3, got {len(frames)}")
+            return
+        seq = decode_seq(frames[1])
+        if seq is None:
+            stats.decode.count("message", "sequence: frame shorter than 8 bytes")
+            return
+        try:
+            topic = frames[0].decode()
+        except UnicodeDecodeError:
+            stats.decode.count("message", "topic: not UTF-8")
+            return
+        topic_pod, model = parse_topic(topic)
+        if central is not None:
+            pod = topic_pod
+            last = central.get(pod)
+        else:
+            pod = sub.source.pod_id
+            last = sub.last_seq
+        if last is not None and seq <= last:
+            if seq == last:
+                stats.duplicates += 1
+                return
+            stats.restarts += 1
+            self.index.clear_pod(pod)
+            log.info("kv_events_publisher_restarted pod=%s seq=%d last=%d", pod, seq, last)
+            last = None
+        if central is None and sub.source.replay_endpoint and seq > (last + 1 if last is not None else 0):
+            stats.gaps += 1
+            self._replay(ctx, sub.source.replay_endpoint, pod, model, (last + 1) if last is not None else 0, seq)
+        elif last is not None and seq > last + 1:
+            stats.gaps += 1
+        batch = decode_batch(frames[2], stats.decode)
+        if batch is not None:
+            self.index.apply(pod, model, batch)
+        if central is not None:
+            if pod in central or len(central) < 4096:
+                central[pod] = seq
+        else:
+            sub.last_seq = seq
+
+    def _replay(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, pod: str, model: str, start: int, stop: int
+    ) -> None:
+        """Applies the batches [start, stop) the engine still buffers."""
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+            sock.send_multipart([b"", SEQ.pack(start)])
+            deadline = _monotonic() + self.replay_timeout
+            while True:
+                remaining = deadline - _monotonic()
+                if remaining <= 0 or not sock.poll(int(remaining * 1000)):
+                    self.stats.replay_failures += 1
+                    log.warning("kv_events_replay_timeout pod=%s endpoint=%s start=%d", pod, endpoint, start)
+                    return
+                frames = sock.recv_multipart()
+                if len(frames) != 3:
+                    self.stats.decode.count("message", f"replay frames: expected 3, got {len(frames)}")
+                    continue
+                seq = decode_seq(frames[1])
+                if seq is None:
+                    self.stats.decode.count("message", "replay sequence: frame shorter than 8 bytes")
+                    continue
+                if seq == END_OF_REPLAY:
+                    return
+                if start <= seq < stop:
+                    batch = decode_batch(frames[2], self.stats.decode)
+                    if batch is not None:
+                        self.index.apply(pod, model, batch)
+                        self.stats.replayed += 1
+        finally:
+            sock.close(0)

