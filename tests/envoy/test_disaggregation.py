@@ -235,6 +235,25 @@ def test_a_prompt_below_the_threshold_is_decoded_without_a_prefill_leg(pd: PdSta
     assert pd.epp.wait_metric(DECISIONS, before + 1, decision_type="decode-only") == before + 1
 
 
+def test_a_prompt_the_decode_pod_already_caches_is_not_split_but_a_longer_one_is(pd: PdStack) -> None:
+    # 1024 characters: 256 tokens, 16 cache blocks of 16 tokens (64 characters) each
+    prompt = (uuid.uuid4().hex * 32)[:1024]
+
+    def send(text: str) -> None:
+        pd.reset()
+        r = httpx.post(pd.url("/v1/completions"), json=request_body("/v1/completions", text), timeout=30)
+        assert r.status_code == 200, r.text
+        assert one(pd.decode.completions())
+
+    send(prompt)
+    assert one(pd.prefill.completions())  # nothing cached yet: split
+    send(prompt)
+    assert not pd.prefill.completions()  # every block is on the decode pod now: 0 uncached tokens
+    assert "kv_transfer_params" not in one(pd.decode.completions()).body
+    send(prompt + "z" * (NON_CACHED_TOKENS * 4 * 2))  # 32 tokens past the cached prefix
+    assert one(pd.prefill.completions())
+
+
 def test_with_the_prefill_pod_down_the_request_is_decoded_locally(pd: PdStack) -> None:
     before = pd.decisions("prefill-decode")
     pd.prefill.stop()
