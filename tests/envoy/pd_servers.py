@@ -4,7 +4,8 @@ process in front of the decode one.
 `VllmStandin` answers the two legs of a disaggregated request the way vLLM with the NIXL connector does:
 a prefill leg (`kv_transfer_params.do_remote_decode: true`) gets a one-token JSON completion carrying the
 `kv_transfer_params` a decode instance needs to pull the KV blocks (engine id, block ids, host, port) and
-the usage with the prefill's cached prompt tokens; any other completion request, with or without those
+the usage with the prefill's cached prompt tokens; a prompt holding `REJECT_MARKER` is refused with HTTP 400 and vLLM's
+error object; any other completion request, with or without those
 parameters, is answered in full, as one JSON body or as a server-sent-events stream ending in a usage
 chunk when `stream_options.include_usage` is set. Every request is recorded. Responses close the
 connection, so a stopped stand-in is really unreachable (no pooled connection keeps talking to it).
@@ -29,6 +30,7 @@ from tests.support.ports import free_port
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 CHARS_PER_TOKEN = 4  # the stand-ins count prompt tokens as characters / 4
+REJECT_MARKER = "[too-long]"  # a prompt holding this is refused with HTTP 400, as vLLM refuses a too long one
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,16 @@ def _handler(standin: VllmStandin) -> type[BaseHTTPRequestHandler]:
             chat = self.path == "/v1/chat/completions"
             prompt_tokens = max(1, len(prompt_text(body)) // CHARS_PER_TOKEN)
             kv = body.get("kv_transfer_params")
-            if isinstance(kv, dict) and kv.get("do_remote_decode"):
+            if REJECT_MARKER in prompt_text(body):
+                error = {
+                    "object": "error",
+                    "message": f"This model's maximum context length is 8 tokens; the prompt has {prompt_tokens}",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+                self._send(400, json.dumps(error).encode())
+            elif isinstance(kv, dict) and kv.get("do_remote_decode"):
                 self._prefill(body, chat, prompt_tokens)
             else:
                 # a decode that pulled the KV blocks counts the transferred prompt as cached

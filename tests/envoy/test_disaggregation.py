@@ -20,7 +20,8 @@ import yaml
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
-from tests.envoy.pd_servers import Received, SidecarProcess, VllmStandin
+from tests.envoy.pd_servers import REJECT_MARKER, Received, SidecarProcess, VllmStandin
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.envoy
 
@@ -197,6 +198,7 @@ def test_a_long_uncached_prompt_is_prefilled_remotely_and_decoded_with_its_kv_pa
 
 
 def test_a_streamed_disaggregated_request_is_one_sse_stream_with_usage(pd: PdStack) -> None:
+    cached_before = pd.epp.metric_value("inference_objective_prompt_cached_tokens_sum")
     body = request_body(
         "/v1/chat/completions", long_prompt(), max_tokens=6, stream=True, stream_options={"include_usage": True}
     )
@@ -222,6 +224,9 @@ def test_a_streamed_disaggregated_request_is_one_sse_stream_with_usage(pd: PdSta
     assert len(usage) == 1
     assert usage[0]["completion_tokens"] == 6
     assert usage[0]["prompt_tokens_details"]["cached_tokens"] == PREFILL_CACHED_TOKENS
+    # the EPP read the same usage from the stream it relayed
+    expected = cached_before + PREFILL_CACHED_TOKENS
+    assert pd.epp.wait_metric("inference_objective_prompt_cached_tokens_sum", expected) == expected
 
 
 def test_a_prompt_below_the_threshold_is_decoded_without_a_prefill_leg(pd: PdStack) -> None:
@@ -252,6 +257,23 @@ def test_a_prompt_the_decode_pod_already_caches_is_not_split_but_a_longer_one_is
     assert "kv_transfer_params" not in one(pd.decode.completions()).body
     send(prompt + "z" * (NON_CACHED_TOKENS * 4 * 2))  # 32 tokens past the cached prefix
     assert one(pd.prefill.completions())
+
+
+def test_a_request_the_prefill_pod_rejects_gets_that_answer_and_no_decode(pd: PdStack) -> None:
+    body = request_body("/v1/completions", REJECT_MARKER + " " + long_prompt())
+    r = httpx.post(pd.url("/v1/completions"), json=body, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["type"] == "BadRequestError"
+    assert "maximum context length" in r.json()["message"]
+    assert one(pd.prefill.completions()).body["kv_transfer_params"]["do_remote_decode"] is True
+    assert not pd.decode.completions()
+
+
+def test_the_epp_scrapes_the_decode_pods_metrics_through_the_sidecar(pd: PdStack) -> None:
+    def scraped() -> bool:
+        return any(r.method == "GET" and r.path == "/metrics" for r in pd.decode.received)
+
+    wait_until(scraped, "a scrape of the decode pod's /metrics", timeout=10)
 
 
 def test_with_the_prefill_pod_down_the_request_is_decoded_locally(pd: PdStack) -> None:
