@@ -240,3 +240,57 @@ async def test_transient_prefill_errors_are_retried(
     assert len(prefill.received) == (3 if prefilled else 1)
     [d] = decode.received
     assert ("kv_transfer_params" in d.body) is prefilled
+
+
+HOSTILE_FIELDS = {
+    "kv_transfer_params": {
+        "do_remote_prefill": True,
+        "remote_engine_id": "evil",
+        "remote_block_ids": [1],
+        "remote_host": "10.66.6.6",
+        "remote_port": 5600,
+    },
+    "bootstrap_host": "10.66.6.6",
+    "bootstrap_port": 8998,
+    "bootstrap_room": 7,
+}
+
+
+@pytest.mark.parametrize("connector", ["nixlv2", "sglang"])
+async def test_client_transfer_fields_never_reach_the_model_server_without_prefill(
+    decode: ModelServer, prefill: ModelServer, connector: str
+) -> None:
+    async with sidecar(_config(decode, kv_connector=connector)) as url:
+        status, _, _ = await _post(url, "/v1/chat/completions", dict(CHAT, **HOSTILE_FIELDS))
+        # a number orjson would read as a float: the re-encoded body must still carry it exactly
+        big = orjson.dumps(dict(CHAT, **HOSTILE_FIELDS)).replace(b'"temperature":0.2', b'"seed":' + b"9" * 30)
+        async with aiohttp.ClientSession() as session, session.post(url + "/v1/completions", data=big) as resp:
+            assert resp.status == 200
+        # other paths are not inference requests: their bodies are forwarded byte for byte
+        raw = orjson.dumps({"kv_transfer_params": {"x": 1}})
+        async with aiohttp.ClientSession() as session, session.post(url + "/v1/other", data=raw) as resp:
+            assert resp.status == 200
+    assert status == 200
+    first, second, third = decode.received
+    assert first.body == CHAT
+    assert not set(HOSTILE_FIELDS) & set(second.body)
+    assert b'"seed":' + b"9" * 30 in second.raw  # the number exactly as the client wrote it
+    assert third.body == {"kv_transfer_params": {"x": 1}}
+    assert prefill.received == []
+
+
+async def test_client_transfer_fields_are_replaced_on_both_legs_and_dropped_on_fallback(
+    decode: ModelServer, prefill: ModelServer
+) -> None:
+    body = dict(CHAT, **HOSTILE_FIELDS)
+    async with sidecar(_config(decode)) as url:
+        status, _, _ = await _post(url, "/v1/chat/completions", body, {"x-prefiller-host-port": prefill.hostport})
+        assert status == 200
+        prefill.status = 503
+        status, _, _ = await _post(url, "/v1/chat/completions", body, {"x-prefiller-host-port": prefill.hostport})
+        assert status == 200
+    [p, _] = prefill.received
+    assert p.body["kv_transfer_params"] == NIXL_REQUEST and "bootstrap_host" not in p.body
+    d, fallback = decode.received
+    assert d.body == dict(CHAT, kv_transfer_params=prefill.kv_params)
+    assert fallback.body == CHAT
