@@ -296,18 +296,14 @@ def test_with_the_prefill_pod_down_the_request_is_decoded_locally(pd: PdStack) -
 
 def test_a_client_sent_prefill_header_never_reaches_the_sidecar(pd: PdStack) -> None:
     spoofed = {PREFILL_HEADER: pd.attacker.address}
-    host, port = pd.attacker.address.rsplit(":", 1)
-    # KV transfer parameters of its own would send the decode server to the attacker's address for KV blocks
-    own_params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_host": host, "remote_port": int(port)}
-    body = request_body("/v1/completions", short_prompt(), kv_transfer_params=own_params)
+    body = request_body("/v1/completions", short_prompt())
     # Sent straight to the sidecar, the header would be acted on: the sidecar refuses a target outside the
     # pool (so a header the EPP let through would fail the request below).
     direct = httpx.post(pd.sidecar.url("/v1/completions"), json=body, headers=spoofed, timeout=30)
     assert direct.status_code == 403
     assert not pd.decode.completions()
 
-    # Through the gateway the EPP drops it: a short prompt goes to the decode server with no prefill at all
-    # (and the sidecar drops the client's KV transfer parameters).
+    # Through the gateway the EPP drops it: a short prompt goes to the decode server with no prefill at all.
     r = httpx.post(pd.url("/v1/completions"), json=body, headers=spoofed, timeout=30)
     assert r.status_code == 200, r.text
     decode_leg = one(pd.decode.completions())

@@ -54,11 +54,6 @@ TOKEN_LIMIT_FIELDS: dict[ApiStyle, tuple[str, ...]] = {
     ApiStyle.GENERATE: ("max_tokens", "min_tokens"),
 }
 
-# Request fields that tell a model server where to exchange KV blocks with (NIXL v2: the peer engine, host
-# and port; SGLang: the bootstrap server). Only the sidecar may set them: a client's copy would make the
-# local model server connect to any host, or hold KV blocks for a remote decode that never comes.
-TRANSFER_FIELDS = (KV_TRANSFER_PARAMS, "bootstrap_host", "bootstrap_port", "bootstrap_room")
-
 NIXL_PREFILL_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -76,14 +71,6 @@ def _limits(body: dict[str, Any], style: ApiStyle) -> dict[str, Any]:
             params = body[SAMPLING_PARAMS] = {}
         return params
     return body
-
-
-def drop_transfer_fields(body: dict[str, Any]) -> list[str]:
-    """Removes the client's `TRANSFER_FIELDS` from `body` in place; returns the names removed."""
-    removed = [name for name in TRANSFER_FIELDS if name in body]
-    for name in removed:
-        del body[name]
-    return removed
 
 
 def nixl_prefill_body(request: dict[str, Any], style: ApiStyle) -> dict[str, Any]:

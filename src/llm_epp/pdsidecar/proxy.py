@@ -1,8 +1,7 @@
 """The sidecar's HTTP server: aiohttp in front of the local model server.
 
 Every request goes to the local model server unchanged, except a POST to an OpenAI-style inference path
-carrying `x-prefiller-host-port`: then the prefill leg runs first on that pod (see `protocol`). On those
-paths the client's own KV transfer fields (`protocol.TRANSFER_FIELDS`) are always removed. Prefill
+carrying `x-prefiller-host-port`: then the prefill leg runs first on that pod (see `protocol`). Prefill
 answers with HTTP 400-451 are returned to the client as they are (the request itself is bad); any other
 prefill failure (connection error, timeout, 5xx, an answer without `kv_transfer_params`) is logged and
 the request is decoded locally without disaggregation."""
@@ -10,7 +9,6 @@ the request is decoded locally without disaggregation."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import uuid
@@ -137,10 +135,8 @@ class Sidecar:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         style = p.DISAGGREGATED_PATHS.get(request.path) if request.method == "POST" else None
         targets = self._prefill_targets(request)
-        if style is None:
+        if style is None or not targets:
             return await self._pass_through(request)
-        if not targets:
-            return await self._pass_through(request, self._without_transfer_fields(request, await request.read()))
         target = targets[self.config.sampler(len(targets))] if self.config.enable_prefiller_sampling else targets[0]
         if not self._valid_target(target) or not self.config.allowlist.allows(target):
             log.warning(
@@ -158,36 +154,9 @@ class Sidecar:
             return _error(400, f"request body is not valid JSON: {e}", "BadRequestError")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object", "BadRequestError")
-        self._log_dropped(request, p.drop_transfer_fields(body))
         if self.config.kv_connector == SGLANG:
             return await self._sglang(request, body, target)
         return await self._nixl(request, body, target, style)
-
-    def _without_transfer_fields(self, request: web.Request, raw: bytes) -> bytes:
-        """The body of an inference request forwarded without prefill: unchanged, unless the client set
-        fields only the sidecar may set (then re-encoded without them)."""
-        try:
-            probe: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            probe = None  # e.g. NaN, which Python's json (and so the model server) accepts
-        if probe is not None and not (isinstance(probe, dict) and any(f in probe for f in p.TRANSFER_FIELDS)):
-            return raw
-        try:
-            body = json.loads(raw)  # exact: orjson reads integers over 64 bits as floats
-        except ValueError:
-            return raw  # the model server answers it
-        if not isinstance(body, dict):
-            return raw
-        removed = p.drop_transfer_fields(body)
-        if not removed:
-            return raw
-        self._log_dropped(request, removed)
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-
-    @staticmethod
-    def _log_dropped(request: web.Request, removed: list[str]) -> None:
-        if removed:
-            log.debug("pd_sidecar_client_transfer_fields_dropped fields=%s path=%s", ",".join(removed), request.path)
 
     @staticmethod
     def _prefill_targets(request: web.Request) -> list[str]:

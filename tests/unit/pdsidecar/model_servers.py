@@ -21,7 +21,6 @@ class Received:
     query: str
     headers: dict[str, str]
     body: Any
-    raw: bytes = b""
 
 
 @dataclass
@@ -59,7 +58,7 @@ class ModelServer:
         raw = await request.read()
         body = orjson.loads(raw) if raw else None
         headers = {k.lower(): v for k, v in request.headers.items()}
-        self.received.append(Received(request.method, request.path, request.query_string, headers, body, raw))
+        self.received.append(Received(request.method, request.path, request.query_string, headers, body))
         if self.fail_first > 0:
             self.fail_first -= 1
             return web.Response(status=503, body=b'{"error": "busy"}', content_type="application/json")
