@@ -2,7 +2,8 @@
 configuration, `llm-epp pd-sidecar` in front of the decode model server, and loopback stand-ins for the
 prefill and decode vLLM instances. The client sends one ordinary request and gets one ordinary answer; the
 EPP names the prefill pod, the sidecar runs the prefill there and hands its KV transfer parameters to the
-decode server."""
+decode server. Every test runs against llm-d-router v0.10's configuration (`disagg-profile-handler`) and
+the shape of earlier releases (`pd-profile-handler` with `prefill-header-handler`)."""
 
 from __future__ import annotations
 
@@ -27,28 +28,10 @@ pytestmark = pytest.mark.envoy
 
 ROLE = "llm-d.ai/role"
 PREFILL_HEADER = "x-prefiller-host-port"
-DECISIONS = "llm_d_epp_disagg_decision_total"
 NON_CACHED_TOKENS = 16
 PREFILL_CACHED_TOKENS = 7  # what the prefill stand-in reports as cached; the client must see this number
 
-# llm-d-router's P/D configuration (deploy/config/pd-epp-config.yaml in that project).
-PD_CONFIG = f"""\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: approx-prefix-cache-producer
-- type: prefix-cache-scorer
-- type: queue-scorer
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: disagg-profile-handler
-  parameters:
-    deciders:
-      prefill: prefix-based-pd-decider
-- type: prefix-based-pd-decider
-  parameters:
-    nonCachedTokens: {NON_CACHED_TOKENS}
+PROFILES = """\
 schedulingProfiles:
 - name: prefill
   plugins:
@@ -68,6 +51,50 @@ schedulingProfiles:
     weight: 1
 """
 
+# llm-d-router v0.10's P/D configuration (its deploy/config/pd-epp-config.yaml has this shape).
+DISAGG_CONFIG = f"""\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: disagg-profile-handler
+  parameters:
+    deciders:
+      prefill: prefix-based-pd-decider
+- type: prefix-based-pd-decider
+  parameters:
+    nonCachedTokens: {NON_CACHED_TOKENS}
+{PROFILES}"""
+
+# The shape of earlier llm-d releases: the deprecated pd-profile-handler with a header handler.
+PD_HANDLER_CONFIG = f"""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-header-handler
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters:
+    nonCachedTokens: {NON_CACHED_TOKENS}
+- type: pd-profile-handler
+  parameters:
+    deciderPluginName: prefix-based-pd-decider
+{PROFILES}"""
+
+CONFIGS = {
+    "disagg-profile-handler": (DISAGG_CONFIG, "llm_d_epp_disagg_decision_total"),
+    "pd-profile-handler": (PD_HANDLER_CONFIG, "llm_d_epp_pd_decision_total"),
+}
+
 
 @dataclass
 class PdStack:
@@ -77,6 +104,7 @@ class PdStack:
     sidecar: SidecarProcess
     epp: EppProcess
     envoy: EnvoyProcess
+    decision_metric: str  # the handler's decision counter
 
     def url(self, path: str) -> str:
         return self.envoy.url(path)
@@ -86,7 +114,10 @@ class PdStack:
             standin.reset()
 
     def decisions(self, decision: str) -> float:
-        return self.epp.metric_value(DECISIONS, decision_type=decision)
+        return self.epp.metric_value(self.decision_metric, decision_type=decision)
+
+    def wait_decisions(self, decision: str, expected: float) -> float:
+        return self.epp.wait_metric(self.decision_metric, expected, decision_type=decision)
 
 
 def write_pool(path: Path, prefill: str, decode: str) -> None:
@@ -101,8 +132,9 @@ def write_pool(path: Path, prefill: str, decode: str) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-@pytest.fixture(scope="module")
-def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
+    config, decision_metric = CONFIGS[request.param]
     prefill = VllmStandin("prefill", cached_tokens=PREFILL_CACHED_TOKENS).start()
     decode = VllmStandin("decode").start()
     attacker = VllmStandin("attacker").start()
@@ -115,7 +147,7 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
         sidecar.start()
         started.append(sidecar)
         write_pool(pool, prefill.address, sidecar.address)
-        epp = EppProcess("--endpoints-file", str(pool), "--secure-serving=false", "--config-text", PD_CONFIG).start()
+        epp = EppProcess("--endpoints-file", str(pool), "--secure-serving=false", "--config-text", config).start()
         started.append(epp)
         opts = EnvoyConfigOptions(
             listen_port=0,
@@ -127,7 +159,7 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdStack]:
         )
         envoy = EnvoyProcess(build_bootstrap(opts)).start()
         started.append(envoy)
-        yield PdStack(prefill, decode, attacker, sidecar, epp, envoy)
+        yield PdStack(prefill, decode, attacker, sidecar, epp, envoy, decision_metric)
     finally:
         for part in reversed(started):
             part.stop()
@@ -194,7 +226,7 @@ def test_a_long_uncached_prompt_is_prefilled_remotely_and_decoded_with_its_kv_pa
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == PREFILL_CACHED_TOKENS
     text = answer["choices"][0]["message"]["content"] if "chat" in path else answer["choices"][0]["text"]
     assert text == "t0 t1 t2 t3 t4 "
-    assert pd.epp.wait_metric(DECISIONS, before + 1, decision_type="prefill-decode") == before + 1
+    assert pd.wait_decisions("prefill-decode", before + 1) == before + 1
 
 
 def test_a_streamed_disaggregated_request_is_one_sse_stream_with_usage(pd: PdStack) -> None:
@@ -237,7 +269,7 @@ def test_a_prompt_below_the_threshold_is_decoded_without_a_prefill_leg(pd: PdSta
     decode_leg = one(pd.decode.completions())
     assert "kv_transfer_params" not in decode_leg.body
     assert r.json()["usage"]["completion_tokens"] == 5
-    assert pd.epp.wait_metric(DECISIONS, before + 1, decision_type="decode-only") == before + 1
+    assert pd.wait_decisions("decode-only", before + 1) == before + 1
 
 
 def test_a_prompt_the_decode_pod_already_caches_is_not_split_but_a_longer_one_is(pd: PdStack) -> None:
@@ -286,7 +318,7 @@ def test_with_the_prefill_pod_down_the_request_is_decoded_locally(pd: PdStack) -
         pd.prefill.start()  # the same port again, for the other tests
     assert r.status_code == 200, r.text
     # the EPP still chose P/D; the sidecar found the prefill pod unreachable and decoded the request as sent
-    assert pd.epp.wait_metric(DECISIONS, before + 1, decision_type="prefill-decode") == before + 1
+    assert pd.wait_decisions("prefill-decode", before + 1) == before + 1
     decode_leg = one(pd.decode.completions())
     assert decode_leg.body == body
     assert r.json()["id"] == "cmpl-decode"
