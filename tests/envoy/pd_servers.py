@@ -257,7 +257,7 @@ class SidecarProcess:
         self.model_server = model_server
         self.args = list(args)
         self.startup_timeout = startup_timeout
-        self.port = 0
+        self.port = free_port()  # known before the start, for the pool file that names the sidecar
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.mkdtemp(prefix="pd-sidecar-")) / "sidecar.log"
 
@@ -270,7 +270,6 @@ class SidecarProcess:
 
     def start(self) -> SidecarProcess:
         exe = str(Path(sys.executable).parent / "llm-epp")
-        self.port = free_port()
         cmd = [
             exe,
             "pd-sidecar",

@@ -141,12 +141,11 @@ def pd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     started: list[Any] = [prefill, decode, attacker]
     try:
         pool = tmp_path_factory.mktemp("pd") / "pool.yaml"
-        # the sidecar's port is known once it runs: write the pool after, for both processes to read
+        # one pool file for both: the EPP's endpoints, and the sidecar's allow-list of prefill targets
         sidecar = SidecarProcess(decode, "--enable-ssrf-protection", "--endpoints-file", str(pool))
-        write_pool(pool, prefill.address, "127.0.0.1:1")  # placeholder decode address until the sidecar runs
+        write_pool(pool, prefill.address, sidecar.address)
         sidecar.start()
         started.append(sidecar)
-        write_pool(pool, prefill.address, sidecar.address)
         epp = EppProcess("--endpoints-file", str(pool), "--secure-serving=false", "--config-text", config).start()
         started.append(epp)
         opts = EnvoyConfigOptions(
