@@ -28,10 +28,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{GIE} config/charts/epplib/templates/_config.yaml (modelServerProtocol grpc)",
         frozenset({"vllmgrpc-parser"}),
     ),
-    "gie-chart-latency-predictor.yaml": (
-        f"{GIE} config/charts/epplib/templates/_config.yaml (latencyPredictor); {GUIDES} predicted-latency",
-        frozenset({"predicted-latency-producer", "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter"}),
-    ),
     "gie-flow-control.yaml": (
         f"{GIE} pkg/epp/config/loader/testdata_test.go, site-src/guides/flow-control.md",
         frozenset({FLOW_CONTROL, "fcfs-ordering-policy", "round-robin-fairness-policy"}),

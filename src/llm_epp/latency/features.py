@@ -33,8 +33,9 @@ TTFT_FEATURES = (
     "prefix_score",
     "tokens_in_flight_k",
     "uncached_tokens",
-    "queued_x_input",
-    "running_x_uncached",
+    "waiting_x_uncached",
+    "dispatched_x_uncached",
+    "running_x_kv",
     "kv_x_uncached",
 )
 TPOT_FEATURES = (
@@ -63,8 +64,14 @@ def ttft_vector(f: Features, linear: bool = False) -> list[float]:
     ]
     if linear:
         return base
-    queued = f.waiting + f.dispatched
-    return [*base, uncached, queued * f.input_tokens, f.running * uncached, f.kv_cache * uncached]
+    return [
+        *base,
+        uncached,
+        f.waiting * uncached,
+        f.dispatched * uncached,
+        f.running * f.kv_cache,
+        f.kv_cache * uncached,
+    ]
 
 
 def tpot_vector(f: Features, linear: bool = False) -> list[float]:

@@ -92,10 +92,7 @@ _MODULES = (
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
-_LATENCY_MONOLITH = (
-    "the legacy monolithic latency scorer; configure predicted-latency-producer with latency-scorer, "
-    "slo-headroom-tier-filter and latency-slo-admitter instead"
-)
+_LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
