@@ -303,8 +303,9 @@ class PredictedLatencyProducer:
             self.predictor.observe_ttft(ctx.features[ctx.target], ttft_ms)
         if self._metrics is not None:
             self._metrics.latency_observed(request.incoming_model, request.target_model, "ttft", ttft_ms / 1000)
-            if ctx.ttft_slo > 0 and ttft_ms > ctx.ttft_slo:
-                self._metrics.latency_slo_violation(request.incoming_model, request.target_model, "ttft")
+            if ctx.ttft_slo > 0:
+                violated = ttft_ms > ctx.ttft_slo
+                self._metrics.latency_slo_checked(request.incoming_model, request.target_model, "ttft", violated)
 
     # --- ResponseComplete ------------------------------------------------------------------------------
     def response_complete(
@@ -336,8 +337,9 @@ class PredictedLatencyProducer:
             self.predictor.observe_tpot(ctx.features[target], tpot_ms)
         if self._metrics is not None:
             self._metrics.latency_observed(request.incoming_model, request.target_model, "tpot", tpot_ms / 1000)
-            if ctx.tpot_slo > 0 and tpot_ms > ctx.tpot_slo:
-                self._metrics.latency_slo_violation(request.incoming_model, request.target_model, "tpot")
+            if ctx.tpot_slo > 0:
+                violated = tpot_ms > ctx.tpot_slo
+                self._metrics.latency_slo_checked(request.incoming_model, request.target_model, "tpot", violated)
 
     def running_tpot_slos(self, key: EndpointKey) -> Mapping[str, float]:
         return dict(self._running_tpot_slos.get(key, {}))
