@@ -42,8 +42,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 import llm_epp
-from llm_epp.framework.plugin import TypedName
 from llm_epp.framework.latency import LatencyKind, SloKind
+from llm_epp.framework.plugin import TypedName
 from llm_epp.framework.recorder import Recorder
 from llm_epp.observability.latency_metrics import LatencyMetrics
 
