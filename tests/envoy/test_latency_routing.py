@@ -49,7 +49,7 @@ def test_slo_requests_are_steered_away_from_the_endpoint_predicted_to_miss(tmp_p
                 time.sleep(0.05)
             with httpx.Client(timeout=30) as c:
                 warmup = Counter(gw.post(c, f"training prompt {i}").headers["x-backend-name"] for i in range(40))
-                time.sleep(1.5)  # the trainer refits at most 0.5 s after its last sample
+                time.sleep(2.5)  # the trainer refits at most 1 s after its last sample
                 slo = {"x-llm-d-slo-ttft-ms": "150"}
                 steered = [gw.post(c, f"slo prompt {i}", slo).headers["x-backend-name"] for i in range(20)]
                 old_header = [

@@ -3,7 +3,7 @@
 The event loop calls `predict` (a few dozen multiply-adds per endpoint over the current models) and
 `observe_ttft` / `observe_tpot` (a non-blocking enqueue; when the queue is full the sample is dropped and
 counted). One daemon thread drains the queue into a sliding window of recent samples and refits both
-models; a new `_Models` object replaces the old one in a single assignment, so a reader sees either the
+models, at most once per `min_interval_s`; a new `_Models` object replaces the old one in a single assignment, so a reader sees either the
 old models or the new ones, never a mix.
 
 With no observation yet there is no prediction (`predict` returns None) and callers fall back to what
@@ -36,8 +36,7 @@ class PredictorSettings:
     min_samples: int = 10
     window: int = 2000  # most recent observations kept per target
     queue_size: int = 10000  # observations waiting for the trainer; more are dropped
-    retrain_every: int = 16  # new observations that trigger a refit ...
-    min_interval_s: float = 0.5  # ... or fewer, once this long has passed since the last fit
+    min_interval_s: float = 1.0  # at most one refit per interval (bounds the trainer's CPU and GIL use)
     alpha: float = 1.0  # ridge penalty on standardized features
     quantile: float = 0.9  # residual quantile added to the mean: predictions are p90 estimates
     linear: bool = False  # raw features only (no interaction terms)
@@ -66,6 +65,7 @@ class _Models:
     version: int = 0
     fit_thread: int = 0  # threading.get_ident() of the thread that fitted these models
     fit_seconds: float = 0.0
+    consumed: int = 0  # observations the trainer had taken from the queue when it fitted these
 
 
 class LatencyPredictor:
@@ -77,6 +77,7 @@ class LatencyPredictor:
         self._start_lock = threading.Lock()
         self._published = threading.Condition()
         self._closed = False
+        self._offered = 0  # observations enqueued (event-loop side)
         self.dropped = 0
 
     # --- event-loop side ---------------------------------------------------------------------------
@@ -108,6 +109,8 @@ class LatencyPredictor:
             self._queue.put_nowait((kind, features, value))
         except queue.Full:
             self.dropped += 1
+        else:
+            self._offered += 1
 
     # --- introspection ---------------------------------------------------------------------------------
     @property
@@ -128,6 +131,19 @@ class LatencyPredictor:
         deadline = time.monotonic() + timeout
         with self._published:
             while self._models.version <= version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._published.wait(left)
+        return True
+
+    def wait_fitted(self, timeout: float) -> bool:
+        """Blocks (not for the event loop: run it in a thread) until every observation offered so far is
+        part of the published models (or medians)."""
+        target = self._offered
+        deadline = time.monotonic() + timeout
+        with self._published:
+            while self._models.consumed < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -161,10 +177,12 @@ class LatencyPredictor:
             deque(maxlen=s.window),
         )
         fresh = 0
+        consumed = 0
         last_fit = 0.0
         while True:
             try:
-                item = self._queue.get(timeout=s.min_interval_s if fresh else None)
+                wait = max(last_fit + s.min_interval_s - time.monotonic(), 0.0) if fresh else None
+                item = self._queue.get(timeout=wait)
             except queue.Empty:
                 item = ()  # type: ignore[assignment]
             if item is None:
@@ -175,20 +193,23 @@ class LatencyPredictor:
                 kind, features, value = item
                 samples[kind].append((features, value))
                 fresh += 1
+                consumed += 1
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
             now = time.monotonic()
-            if fresh and (fresh >= s.retrain_every or now - last_fit >= s.min_interval_s):
+            if fresh and now - last_fit >= s.min_interval_s:
                 try:
-                    self._publish(samples)
+                    self._publish(samples, consumed)
                 except Exception:  # a bad fit must not stop training: keep the old models
                     log.exception("latency_predictor_fit_failed")
                 fresh = 0
                 last_fit = time.monotonic()
 
-    def _publish(self, samples: tuple[deque[tuple[Features, float]], deque[tuple[Features, float]]]) -> None:
+    def _publish(
+        self, samples: tuple[deque[tuple[Features, float]], deque[tuple[Features, float]]], consumed: int
+    ) -> None:
         s = self.settings
         t0 = time.perf_counter()
         old = self._models
@@ -210,6 +231,7 @@ class LatencyPredictor:
             version=old.version + 1,
             fit_thread=threading.get_ident(),
             fit_seconds=time.perf_counter() - t0,
+            consumed=consumed,
         )
         with self._published:
             self._models = models

@@ -35,23 +35,18 @@ def sample(rnd: random.Random) -> Features:
 
 
 def settings(**kw: float) -> PredictorSettings:
-    base = {"min_interval_s": 0.01, "retrain_every": 50, "quantile": 0.5}
+    base = {"min_interval_s": 0.01, "quantile": 0.5}
     base.update(kw)
     return PredictorSettings(**base)  # type: ignore[arg-type]
 
 
 def train(p: LatencyPredictor, n: int, seed: int = 1, noise: float = 0.05) -> None:
     rnd = random.Random(seed)
-    v = p.version
     for _ in range(n):
         f = sample(rnd)
         p.observe_ttft(f, true_ttft(f) * rnd.uniform(1 - noise, 1 + noise))
         p.observe_tpot(f, true_tpot(f) * rnd.uniform(1 - noise, 1 + noise))
-    # wait until a fit has consumed every sample
-    while p._queue.unfinished_tasks and p._queue.qsize():  # pragma: no cover - drains quickly
-        assert p.wait_for_version(v, 5.0)
-        v = p.version
-    assert p.wait_for_version(v - 1 if p.version > v else v, 5.0)
+    assert p.wait_fitted(10.0)
 
 
 def mape(p: LatencyPredictor, seed: int) -> tuple[float, float]:
@@ -70,10 +65,6 @@ def test_learns_a_known_relationship_on_held_out_samples() -> None:
     p = LatencyPredictor(settings())
     try:
         train(p, 1500)
-        for _ in range(50):  # the last fit may still be running after the queue drained
-            if p._models.ttft is not None and p._models.ttft.samples == 1500:
-                break
-            p.wait_for_version(p.version, 0.2)
         assert p.trained
         ttft_err, tpot_err = mape(p, seed=99)
         assert ttft_err < 0.15, ttft_err
@@ -150,7 +141,7 @@ def test_bad_observations_are_ignored_and_a_full_queue_drops() -> None:
 
 
 async def test_training_runs_off_the_event_loop_thread() -> None:
-    p = LatencyPredictor(settings(min_samples=5, retrain_every=5))
+    p = LatencyPredictor(settings(min_samples=5))
     loop_thread = threading.get_ident()
     rnd = random.Random(5)
     for _ in range(40):

@@ -3,6 +3,7 @@ TTFT/TPOT through the request lifecycle, and the parameters."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -124,7 +125,7 @@ async def test_learns_from_the_requests_it_routes() -> None:
     """Through the hooks only: two endpoints, one three times slower to first token; after some routed
     requests the predictions tell them apart."""
     handle = FakeHandle()
-    predictor = LatencyPredictor(PredictorSettings(min_samples=5, retrain_every=5, min_interval_s=0.01))
+    predictor = LatencyPredictor(PredictorSettings(min_samples=5, min_interval_s=0.01))
     p = PredictedLatencyProducer(params=Params(streamingMode=True), handle=handle, predictor=predictor)
     eps = [endpoint("fast", kv=0.1, running=1), endpoint("slow", kv=0.8, running=12)]
     rnd = random.Random(2)
@@ -141,10 +142,8 @@ async def test_learns_from_the_requests_it_routes() -> None:
         p.response_complete(
             cycle, req, ResponseInfo(status=200, streaming=True, complete=True, usage=Usage(10, 12, 22)), target
         )
-    import asyncio
-
-    while predictor._models.ttft is None or predictor._models.tpot is None:
-        assert await asyncio.to_thread(predictor.wait_for_version, predictor.version, 5.0)
+    assert await asyncio.to_thread(predictor.wait_fitted, 10.0)
+    assert predictor.trained
     cycle = CycleState()
     await p.prepare_data(cycle, request(payload={"model": "m", "prompt": "x" * 2000}), eps)
     infos = cycle.read(LATENCY_PREDICTIONS_KEY) or {}
