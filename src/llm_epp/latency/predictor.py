@@ -3,8 +3,8 @@
 The event loop calls `predict` (a few dozen multiply-adds per endpoint over the current models) and
 `observe_ttft` / `observe_tpot` (a non-blocking enqueue; when the queue is full the sample is dropped and
 counted). One daemon thread drains the queue into a sliding window of recent samples and refits both
-models, at most once per `min_interval_s`; a new `_Models` object replaces the old one in a single assignment, so a reader sees either the
-old models or the new ones, never a mix.
+models, at most once per `min_interval_s`; a new `_Models` object replaces the old one in a single
+assignment, so a reader sees either the old models or the new ones, never a mix.
 
 With no observation yet there is no prediction (`predict` returns None) and callers fall back to what
 they do without predictions. With a few observations (fewer than `min_samples`) the prediction is the
