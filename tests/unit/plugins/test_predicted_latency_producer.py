@@ -210,3 +210,52 @@ schedulingProfiles:
     assert "PredictedLatencyProducer" in kinds
     assert kinds.index("ApproxPrefixCacheProducer") < kinds.index("PredictedLatencyProducer")
     assert [type(p).__name__ for p in loaded.response_complete] == ["PredictedLatencyProducer"]
+
+
+class Recording(LatencyPredictor):
+    def __init__(self) -> None:
+        super().__init__(PredictorSettings())
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+
+    def observe_ttft(self, features: Features, ttft_ms: float) -> None:
+        self.ttft.append(round(ttft_ms, 6))
+
+    def observe_tpot(self, features: Features, tpot_ms: float) -> None:
+        self.tpot.append(round(tpot_ms, 6))
+
+
+async def _streamed(first_body_at: float | None) -> Recording:
+    handle = FakeHandle()
+    rec = Recording()
+    p = PredictedLatencyProducer(params=Params(streamingMode=True), handle=handle, predictor=rec)
+    cycle, req = CycleState(), request(stream=True)
+    await p.prepare_data(cycle, req, [endpoint("a")])
+    p.pre_request(cycle, req, result("a"))
+    handle.clock = 0.05  # headers
+    p.response_received(cycle, req, ResponseInfo(status=200, streaming=True), None)
+    assert rec.ttft == []  # a streamed response's headers may precede its first token: wait for the body
+    handle.clock = 1.25  # end: 11 tokens
+    done = ResponseInfo(200, streaming=True, complete=True, usage=Usage(3, 11, 14), first_body_at=first_body_at)
+    p.response_complete(cycle, req, done, None)
+    return rec
+
+
+async def test_streamed_ttft_is_measured_to_the_first_body_bytes_when_known() -> None:
+    rec = await _streamed(first_body_at=0.25)
+    assert rec.ttft == [250.0] and rec.tpot == [100.0]  # (1.25 - 0.25) / 10
+    rec = await _streamed(first_body_at=None)
+    assert rec.ttft == [50.0] and rec.tpot == [120.0]  # headers time stands in for the first token
+
+
+async def test_non_streamed_ttft_is_the_headers_time() -> None:
+    handle = FakeHandle()
+    rec = Recording()
+    p = PredictedLatencyProducer(params=Params(streamingMode=True), handle=handle, predictor=rec)
+    cycle, req = CycleState(), request()
+    await p.prepare_data(cycle, req, [endpoint("a")])
+    p.pre_request(cycle, req, result("a"))
+    handle.clock = 0.4
+    p.response_received(cycle, req, ResponseInfo(status=200), None)
+    p.response_complete(cycle, req, ResponseInfo(200, complete=True, usage=Usage(3, 11, 14)), None)
+    assert rec.ttft == [400.0] and rec.tpot == []  # no per-token timing without a stream

@@ -14,9 +14,10 @@ Inputs consumed:
     `approx-prefix-cache-producer` is added when none is configured), the prompt length (request body
     bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
     (milliseconds; the older `x-slo-ttft-ms` / `x-slo-tpot-ms` are read when the new ones are absent).
-    Training: TTFT = dispatch to response headers (for a non-streaming response that is the whole
-    response, as in the reference); TPOT = (end - response headers) / (completion tokens - 1) of
-    streamed responses that report usage. Only 2xx responses train.
+    Training: TTFT = dispatch to the first response body bytes when the director reports them
+    (`ResponseInfo.first_body_at`), else to the response headers (for a non-streamed response either is
+    the whole response, as in the reference); TPOT = (end - first body bytes or headers) / (completion
+    tokens - 1) of streamed responses that report usage. Only 2xx responses train.
 
 Configuration:
     streamingMode (bool, default false): predict and check TPOT. When false TPOT is neither trained nor
@@ -156,6 +157,8 @@ class _RequestContext:
     target: EndpointKey | None = None
     dispatched_at: float = 0.0
     headers_at: float | None = None
+    status: int = 0
+    ttft_seen: bool = False
 
 
 _CONTEXT_KEY: StateKey[_RequestContext] = StateKey("predicted-latency-producer.request")
@@ -296,11 +299,18 @@ class PredictedLatencyProducer:
         if ctx is None or ctx.target is None or ctx.headers_at is not None:
             return
         ctx.headers_at = self._clock()
-        if not 200 <= response.status < 300:
+        ctx.status = response.status
+        if not response.streaming:  # the headers come with the whole answer: that is the TTFT
+            self._observe_ttft(ctx, request, ctx.target, ctx.headers_at)
+        # streamed: the headers may precede the first token; measured on completion (first body bytes)
+
+    def _observe_ttft(self, ctx: _RequestContext, request: InferenceRequest, target: EndpointKey, at: float) -> None:
+        if ctx.ttft_seen or not 200 <= ctx.status < 300:
             return
-        ttft_ms = (ctx.headers_at - ctx.dispatched_at) * 1000.0
-        if ctx.target in ctx.features and ctx.headers_at - ctx.dispatched_at <= self.params.context_ttl:
-            self.predictor.observe_ttft(ctx.features[ctx.target], ttft_ms)
+        ctx.ttft_seen = True
+        ttft_ms = (at - ctx.dispatched_at) * 1000.0
+        if target in ctx.features and at - ctx.dispatched_at <= self.params.context_ttl:
+            self.predictor.observe_ttft(ctx.features[target], ttft_ms)
         if self._metrics is not None:
             self._metrics.latency_observed(request.incoming_model, request.target_model, "ttft", ttft_ms / 1000)
             if ctx.ttft_slo > 0:
@@ -321,9 +331,12 @@ class PredictedLatencyProducer:
                 del self._running_tpot_slos[ctx.target]
         target, ctx.target = ctx.target, None  # release once
         now = self._clock()
+        first = response.first_body_at if response.first_body_at is not None else ctx.headers_at
+        if ctx.headers_at is not None and first is not None and response.streaming:
+            self._observe_ttft(ctx, request, target, first)
         if (
             not self.params.streaming_mode
-            or ctx.headers_at is None
+            or first is None
             or not response.complete
             or not response.streaming
             or not 200 <= response.status < 300
@@ -332,7 +345,7 @@ class PredictedLatencyProducer:
             or now - ctx.dispatched_at > self.params.context_ttl
         ):
             return
-        tpot_ms = (now - ctx.headers_at) * 1000.0 / (response.usage.completion_tokens - 1)
+        tpot_ms = (now - first) * 1000.0 / (response.usage.completion_tokens - 1)
         if target in ctx.features:
             self.predictor.observe_tpot(ctx.features[target], tpot_ms)
         if self._metrics is not None:
