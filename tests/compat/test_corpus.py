@@ -39,10 +39,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         f"{GIE} config/charts/epplib/templates/_config.yaml (modelServerProtocol grpc)",
         frozenset({"vllmgrpc-parser"}),
     ),
-    "gie-chart-latency-predictor.yaml": (
-        f"{GIE} config/charts/epplib/templates/_config.yaml (latencyPredictor); {GUIDES} predicted-latency",
-        frozenset({"predicted-latency-producer", "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter"}),
-    ),
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",
@@ -55,10 +51,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
         frozenset({EVICTION}),
-    ),
-    "guide-precise-scheduler.yaml": (
-        f"{GUIDES} precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml",
-        frozenset({PROFILE_PRODUCER}),
     ),
 }
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""

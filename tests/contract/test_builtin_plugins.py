@@ -110,6 +110,24 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         "prefillProfileName": "prefill",
         "minCachedTokenDelta": 1,
     },
+    "predicted-latency-producer": {
+        "streamingMode": True,
+        "sloBufferFactor": 1.0,
+        "contextTTL": "5m",
+        "predictInPrepareData": True,
+        "samplingMean": 1000,
+        "maxDecodeTokenSamplesForPrediction": 0,
+        "endpointRoleLabel": "llm-d.ai/role",
+    },
+    "latency-scorer": {
+        "ttftWeight": 0.8,
+        "tpotWeight": 0.2,
+        "headroomSelectionStrategy": "least",
+        "compositeKVWeight": 1,
+        "compositeQueueWeight": 1,
+        "compositePrefixWeight": 1,
+    },
+    "slo-headroom-tier-filter": {"epsilonExploreNeg": 0.01},
     "request-attribute-reporter": {
         "attributes": [
             {

@@ -411,6 +411,10 @@ def _build(
             if isinstance(plugin, Picker):
                 pickers.append(plugin)
                 used = True
+            if not used and isinstance(plugin, PrepareData):
+                # GIE's chart lists `predicted-latency-producer` in the profile; a data producer runs as
+                # request control (before scheduling) wherever it is listed, as in the reference.
+                used = True
             if not used:
                 problems.append(
                     f"{where}.plugins[{j}].pluginRef: {ref!r} ({types[ref]}) is not a filter, scorer or picker"

@@ -54,6 +54,9 @@ class ResponseInfo:
     streaming: bool = False
     # Set on completion: False when the stream ended before the response finished (cancel, error).
     complete: bool = False
+    # Set on completion when known: when the first response body bytes arrived, on the clock plugins read
+    # with `Handle.now()` (for a streamed response, the first token). None: the body was not seen.
+    first_body_at: float | None = None
 
 
 @runtime_checkable

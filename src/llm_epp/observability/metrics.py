@@ -42,8 +42,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 import llm_epp
+from llm_epp.framework.latency import LatencyKind, SloKind
 from llm_epp.framework.plugin import TypedName
 from llm_epp.framework.recorder import Recorder
+from llm_epp.observability.latency_metrics import LatencyMetrics
 
 # --- buckets (GIE pkg/epp/metrics/metrics.go; llm-d-router pkg/epp/metrics/llm_d_router_metrics.go) -------
 GENERAL_LATENCY_BUCKETS = (
@@ -516,6 +518,14 @@ class PrometheusRecorder:
         self._req_processing = _REQ_PROCESSING.child()
         self._resp_processing = _RESP_PROCESSING.child()
         self.registry.register(_Exposition(self._render))
+        self.latency = LatencyMetrics(self._model)  # latency-predictor families (`LatencyRecorder`)
+        self.registry.register(self.latency)
+
+    def latency_observed(self, model: str, target_model: str, kind: LatencyKind, seconds: float) -> None:
+        self.latency.latency_observed(model, target_model, kind, seconds)
+
+    def latency_slo_checked(self, model: str, target_model: str, kind: SloKind, violated: bool) -> None:
+        self.latency.latency_slo_checked(model, target_model, kind, violated)
 
     # --- label bounds -------------------------------------------------------------------------------
     def _model(self, model: str) -> str:

@@ -36,8 +36,10 @@ from llm_epp.plugins.requestcontrol import (
     approx_prefix_cache_producer,
     destination_endpoint_served_verifier,
     inflight_load_producer,
+    latency_slo_admitter,
     p2p_source_producer,
     precise_prefix_cache_producer,
+    predicted_latency_producer,
     probabilistic_admitter,
     request_attribute_reporter,
     session_id_producer,
@@ -54,6 +56,7 @@ from llm_epp.plugins.scheduling import (
     header_profile_handler,
     kv_cache_utilization_scorer,
     label_selector_filter,
+    latency_scorer,
     load_aware_scorer,
     lora_affinity_scorer,
     max_score_picker,
@@ -68,6 +71,7 @@ from llm_epp.plugins.scheduling import (
     session_affinity_filter,
     session_affinity_scorer,
     single_profile_handler,
+    slo_headroom_tier_filter,
     token_load_scorer,
     utilization_detector,
     utilization_filter,
@@ -138,12 +142,16 @@ _MODULES = (
     precise_prefix_cache_scorer,
     token_producer,
     tokenizer,
+    predicted_latency_producer,
+    latency_scorer,
+    slo_headroom_tier_filter,
+    latency_slo_admitter,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
-_LATENCY = "latency prediction"
+_LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
@@ -198,16 +206,7 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _FLOW,
     ),
-    **dict.fromkeys(
-        (
-            "predicted-latency-producer",
-            "latency-scorer",
-            "predicted-latency-scorer",
-            "latency-slo-admitter",
-            "slo-headroom-tier-filter",
-        ),
-        _LATENCY,
-    ),
+    "predicted-latency-scorer": _LATENCY_MONOLITH,
     **dict.fromkeys(
         (
             "endpoint-notification-source",

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from llm_epp.framework import CycleState, Endpoint, EndpointMetadata, Filter, Metrics, TypedName
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, PrefixMatch
+from llm_epp.plugins.requestcontrol.predicted_latency_producer import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo
 from llm_epp.plugins.scheduling import prefix_cache_affinity_filter as mod
 from llm_epp.plugins.scheduling.prefix_cache_affinity_filter import Params, PrefixCacheAffinityFilter
 from tests.unit.builders import FakeHandle, key, names, request
@@ -141,14 +142,13 @@ def test_ttft_load_gate(tokens: dict[str, int], penalty_ms: float, expected: lis
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
-        ({"ttftSource": "latencyPredictor"}, "latencyPredictor is not supported yet"),
         ({"ttftSource": "guess"}, "prefillThroughput"),
         ({"peakPrefillThroughput": 0}, "peakPrefillThroughput must be > 0"),
         ({"peakPrefillThroughput": -1}, "greater than or equal to 0"),
-        ({"latencyPredictionInfoProducerName": "predicted-latency-producer"}, "not supported yet"),
+        ({"latencyPredictionInfoProducerName": "my-latency"}, "not supported yet"),
         ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
     ],
-    ids=["predictor", "unknown-source", "zero-throughput", "negative-throughput", "predictor-name", "precise"],
+    ids=["unknown-source", "zero-throughput", "negative-throughput", "predictor-name", "precise"],
 )
 def test_gate_parameters_rejected(raw: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValidationError, match=problem):
@@ -164,3 +164,32 @@ def test_gate_parameters_accepted_when_the_gate_is_off() -> None:
         {"inFlightLoadProducerName": "load", "prefixMatchInfoProducerName": "approx-prefix-cache-producer"}
     )
     assert named.in_flight_load_producer_name == "load"
+
+
+# --- the TTFT load gate (ttftSource latencyPredictor, GIE v1.5.0) -----------------------------------------
+
+
+def with_ttft(cycle: CycleState, **ttft: float) -> CycleState:
+    cycle.write(
+        LATENCY_PREDICTIONS_KEY,
+        {key(n): LatencyPredictionInfo(ms, 0.0, True, True, 0.0, 0.0) for n, ms in ttft.items()},
+    )
+    return cycle
+
+
+@pytest.mark.parametrize(
+    ("ttft", "expected"),
+    [
+        ({"a": 6000.0, "b": 7000.0, "c": 500.0}, ["a", "b", "c"]),  # sticky best 6000 - 500 > 5000: break
+        ({"a": 3000.0, "b": 7000.0, "c": 500.0}, ["a", "b"]),  # 2500 <= 5000: stick
+        ({}, ["a", "b"]),  # no predictions: the gate does not break
+        ({"c": 100.0}, ["a", "b", "c"]),  # only the non-sticky endpoint is predicted: break, as the reference
+        ({"a": 9000.0}, ["a", "b"]),  # nothing to compare with
+    ],
+)
+def test_ttft_load_gate_with_predicted_ttft(ttft: dict[str, float], expected: list[str]) -> None:
+    raw = {"explorationProbability": 0, "ttftSource": "latencyPredictor", "peakPrefillThroughput": 0}
+    f = mod.factory("f", Params.model_validate(raw), FakeHandle())
+    assert "latency-prediction-info" in f.consumes
+    eps = loaded({"a": 0, "b": 0, "c": 0})
+    assert names(f.filter(with_ttft(cycle_with(10, a=10, b=9), **ttft), request(), eps)) == expected

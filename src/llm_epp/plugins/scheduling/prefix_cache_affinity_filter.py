@@ -12,25 +12,30 @@ Scheduling intent:
     non-sticky one's by more than `maxTTFTPenaltyMs`, stickiness is broken and every candidate is kept, so
     a hot prefix does not pile load onto overloaded sticky endpoints. With `ttftSource: prefillThroughput`
     (the default) an endpoint's TTFT is estimated as in-flight tokens / `peakPrefillThroughput` x 1000 ms.
-    (GIE v1.5.0 took the TTFT from its latency predictor only, and skipped the gate without predictions.)
+    With `ttftSource: latencyPredictor` (GIE v1.5.0's only source) it is the TTFT predicted by
+    `predicted-latency-producer`; without predictions the gate does not break stickiness, and when only
+    the non-sticky endpoints have predictions it does (as the reference).
 
 Inputs consumed:
     The request's `PrefixMatch` in the CycleState (from `approx-prefix-cache-producer`); the prefix score
     of an endpoint is matched blocks / total blocks (0 without prefix data). For the TTFT load gate,
-    Endpoint.load.tokens, the EPP's own in-flight token estimate per endpoint.
+    Endpoint.load.tokens, the EPP's own in-flight token estimate per endpoint, or (`ttftSource:
+    latencyPredictor`) `latency-prediction-info`, so the default `predicted-latency-producer` is added
+    when none is configured.
 
 Configuration:
     affinityThreshold (float, default 0.80, <= 1): minimum prefix score of a sticky endpoint.
     explorationProbability (float in [0, 1], default 0.01): chance of keeping every candidate.
     maxTTFTPenaltyMs (float >= 0, default 5000, as GIE v1.5.0; llm-d-router uses 18000): 0 = always stick.
     ttftSource (`prefillThroughput` | `latencyPredictor`, default `prefillThroughput`): where the gate's TTFT
-        comes from. `latencyPredictor` is not supported yet (no latency predictor) unless the gate is off.
+        comes from.
     peakPrefillThroughput (float >= 0 tokens/s, default 15928, calibrated upstream for Qwen3-32B on
         2 x H100 TP=2): must be > 0 when the gate uses `prefillThroughput`.
     prefixMatchInfoProducerName (default ""): only `approx-prefix-cache-producer` is supported.
     inFlightLoadProducerName (default ""): the `inflight-load-producer` whose tokens the gate reads; llm-epp
         keeps one in-flight account per endpoint (in the core), which every name refers to.
-    latencyPredictionInfoProducerName (default ""): not supported yet (no latency predictor).
+    latencyPredictionInfoProducerName (default ""): "" or `predicted-latency-producer` (the only
+        producer of latency predictions); other names are not supported yet.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import CycleState, Endpoint, Handle, InferenceRequest, PluginParams, TypedName
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, check_prefix_producer_name
+from llm_epp.plugins.requestcontrol.predicted_latency_producer import LATENCY_PREDICTIONS_KEY
+from llm_epp.plugins.requestcontrol.predicted_latency_producer import TYPE as LATENCY_PRODUCER
 
 TYPE = "prefix-cache-affinity-filter"
 DEFAULT_PEAK_PREFILL_THROUGHPUT = 15928.0
@@ -67,14 +74,12 @@ class Params(PluginParams):
     @model_validator(mode="after")
     def _gate(self) -> Params:
         gate = self.max_ttft_penalty_ms > 0
-        if self.latency_prediction_info_producer_name:
-            raise ValueError("latencyPredictionInfoProducerName is not supported yet: llm-epp has no latency predictor")
-        if gate and self.ttft_source == "latencyPredictor":
+        if self.latency_prediction_info_producer_name not in ("", LATENCY_PRODUCER):
             raise ValueError(
-                "ttftSource latencyPredictor is not supported yet: llm-epp has no latency predictor; use "
-                "prefillThroughput (TTFT estimated from in-flight tokens) or maxTTFTPenaltyMs: 0"
+                f"latencyPredictionInfoProducerName {self.latency_prediction_info_producer_name!r} is not "
+                f"supported yet: the only producer of latency predictions is {LATENCY_PRODUCER}; leave it out"
             )
-        if gate and self.peak_prefill_throughput <= 0:
+        if gate and self.ttft_source == "prefillThroughput" and self.peak_prefill_throughput <= 0:
             raise ValueError("peakPrefillThroughput must be > 0 when ttftSource is prefillThroughput")
         return self
 
@@ -90,12 +95,16 @@ class PrefixCacheAffinityFilter:
         rng: random.Random | None = None,
         max_ttft_penalty_ms: float = 0.0,
         peak_prefill_throughput: float = DEFAULT_PEAK_PREFILL_THROUGHPUT,
+        ttft_source: str = "prefillThroughput",
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.affinity_threshold = affinity_threshold
         self.exploration_probability = exploration_probability
         self.max_ttft_penalty_ms = max_ttft_penalty_ms
         self.peak_prefill_throughput = peak_prefill_throughput
+        self.use_predictions = ttft_source == "latencyPredictor"
+        if self.use_predictions and max_ttft_penalty_ms > 0:
+            self.consumes = frozenset({PREFIX_MATCH_KEY.name, LATENCY_PREDICTIONS_KEY.name})
         self._rng = rng or random.Random()
 
     @property
@@ -116,7 +125,17 @@ class PrefixCacheAffinityFilter:
         sticky = [e for e in endpoints if get(e.key, 0) / total >= threshold]
         if not sticky:
             return endpoints
-        if self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints):
+        if self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints) and self.use_predictions:
+            sticky_keys = {e.key for e in sticky}
+            infos = cycle.read(LATENCY_PREDICTIONS_KEY) or {}
+            inf = float("inf")
+            best_sticky_ms = min((infos[e.key].ttft for e in sticky if e.key in infos), default=inf)
+            best_other_ms = min(
+                (infos[e.key].ttft for e in endpoints if e.key not in sticky_keys and e.key in infos), default=inf
+            )
+            if best_other_ms < inf and best_sticky_ms - best_other_ms > self.max_ttft_penalty_ms:
+                return endpoints
+        elif self.max_ttft_penalty_ms > 0 and len(sticky) < len(endpoints):
             # TTFT in ms = tokens / throughput x 1000: compare the lightest sticky and non-sticky endpoints
             sticky_keys = {e.key for e in sticky}
             best_sticky = min(e.load.tokens for e in sticky)
@@ -134,4 +153,5 @@ def factory(name: str, params: Params, handle: Handle) -> PrefixCacheAffinityFil
         max_ttft_penalty_ms=params.max_ttft_penalty_ms,
         peak_prefill_throughput=params.peak_prefill_throughput,
         rng=handle.rng(name),
+        ttft_source=params.ttft_source,
     )
