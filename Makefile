@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# xds-protos ships an older copy of opentelemetry/proto that can overwrite opentelemetry-proto's: put it back
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(BIN)/python -m pip install --quiet -e examples/plugin-example
 	touch $(STAMP)
 

@@ -36,7 +36,7 @@ from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
 from llm_epp.observability.stream_metrics import StreamMetrics
-from llm_epp.observability.tracing import build_tracer, shutdown_tracer, with_plugin_spans
+from llm_epp.observability.tracing import TracingSetupError, build_tracer, shutdown_tracer, with_plugin_spans
 from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
 from llm_epp.pickapi import LeaseTable, PickServicer
 from llm_epp.pickapi.auth import Authenticator, AuthSettings, PickApiGuard, TokenReviewer
@@ -91,7 +91,10 @@ def build(opts: Options) -> Components:
     objectives = ObjectivesStore()
     # Model names become metric labels only when a rewrite rule or a pod names them (or once served).
     recorder = PrometheusRecorder(known_models=ConfiguredAndServedModels(objectives, datastore.snapshot))
-    tracer = build_tracer(opts.tracing)
+    try:
+        tracer = build_tracer(opts.tracing)
+    except TracingSetupError as e:
+        raise StartupError(f"--tracing: {e}") from None
     plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
     try:
         path = build_request_path(

@@ -44,7 +44,7 @@ def test_slo_requests_are_steered_away_from_the_endpoint_predicted_to_miss(tmp_p
         gw = Gateway(pool, tmp_path, SLO_CONFIG)
         try:
             deadline = time.monotonic() + 20
-            while not all(has for has, _, _ in _scraped(gw.epp).values()):
+            while not all(has for has, _, _ in _scraped(gw).values()):
                 assert time.monotonic() < deadline, "the endpoints' metrics were never scraped"
                 time.sleep(0.05)
             with httpx.Client(timeout=30) as c:

@@ -94,6 +94,25 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     return ParentBased(TraceIdRatioBased(_ratio(arg)))
 
 
+class TracingSetupError(RuntimeError):
+    """Tracing cannot start as configured; the message says how to fix it."""
+
+
+def otlp_span_exporter_class() -> Any:
+    """The OTLP/gRPC span exporter. xds-protos (the Envoy API the EPP speaks) ships an older copy of
+    `opentelemetry/proto` that, depending on install order, overwrites opentelemetry-proto's and breaks the
+    exporter; that is reported with the fix instead of failing on the first export."""
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as e:
+        raise TracingSetupError(
+            f"the OTLP trace exporter cannot load ({e}): another package (xds-protos) overwrote opentelemetry-proto's "
+            "files; reinstall it after llm-epp with `pip install --force-reinstall --no-deps "
+            "opentelemetry-proto==<installed version>`, or set OTEL_TRACES_EXPORTER=console|none"
+        ) from None
+    return OTLPSpanExporter
+
+
 def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
     names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "console").split(",") if n.strip()]
     exporters: list[SpanExporter] = []
@@ -101,8 +120,7 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
         if name == "none":
             continue
         if name == "otlp":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
+            OTLPSpanExporter = otlp_span_exporter_class()
             endpoint = (
                 env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -158,3 +158,15 @@ def test_tracing_off_is_the_null_tracer_and_an_unwrapped_recorder() -> None:
     assert isinstance(
         with_plugin_spans(recorder, build_tracer(True, {"OTEL_TRACES_EXPORTER": "none"})), PluginSpanRecorder
     )
+
+
+def test_an_otlp_exporter_that_cannot_load_is_a_startup_error_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xds-protos ships an older opentelemetry/proto; when it wins the install, the exporter cannot import."""
+    import sys
+
+    from llm_epp.observability import tracing
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
+    with pytest.raises(tracing.TracingSetupError, match="force-reinstall --no-deps opentelemetry-proto"):
+        tracing.exporters_from_env({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert tracing.exporters_from_env({"OTEL_TRACES_EXPORTER": "none"}) == []

@@ -11,7 +11,7 @@ from llm_epp.pdsidecar.cli import config_from_args
 
 
 def _config(*argv: str) -> tuple[object, list[str]]:
-    args = build_parser().parse_args(["pd-sidecar", *argv])
+    args = build_parser("pd-sidecar").parse_args(["pd-sidecar", *argv])
     return config_from_args(args)
 
 
