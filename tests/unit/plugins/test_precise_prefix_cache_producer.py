@@ -259,3 +259,17 @@ schedulingProfiles:
     result = loaded.scheduler.schedule(req, eps, cycle)
     assert result.primary is not None and result.primary.target_endpoints[0].key == B.key
     assert result.primary.scores[B.key]["prefix-cache-scorer"] == 1.0
+
+
+def test_pod_selection_other_than_the_pool_is_refused() -> None:
+    from llm_epp.framework.registry import PluginParamsError
+    from llm_epp.plugins import builtin_registry
+
+    registry = builtin_registry()
+    for discovery in ({"podLabelSelector": "app=vllm"}, {"podNamespace": "other"}):
+        with pytest.raises(PluginParamsError, match="not supported yet"):
+            registry.parse_params(
+                "precise-prefix-cache-producer", {"kvEventsConfig": {"podDiscoveryConfig": discovery}}
+            )
+    defaults = {"podLabelSelector": "llm-d.ai/inference-serving=true", "socketPort": 5556}
+    registry.parse_params("precise-prefix-cache-producer", {"kvEventsConfig": {"podDiscoveryConfig": defaults}})

@@ -53,8 +53,8 @@ Configuration:
     kvEventsConfig.topicFilter (string, default "kv@"): ZMQ subscription prefix.
     kvEventsConfig.engineType ("vllm" (default) or "sglang"): both use the same decoder.
     kvEventsConfig.discoverPods (bool, default true); podDiscoveryConfig.socketPort (int, default 5557),
-        replaySocketPort (int, default 0 = no replay). podLabelSelector and podNamespace are accepted and
-        unused: endpoints come from the InferencePool, as in llm-d's current producer.
+        replaySocketPort (int, default 0 = no replay). podLabelSelector and podNamespace other than their
+        defaults are not supported yet: endpoints come from the pool, as in llm-d's current producer.
     kvEventsConfig.concurrency (int, default 4): accepted; one thread applies all events here, in order per
         endpoint, so it has no further effect.
     speculativeIndexing (bool, default false); speculativeTTL (duration, default "2s").
@@ -161,17 +161,29 @@ class IndexerConfig(_Strict):
         return self
 
 
+_DEFAULT_POD_SELECTOR = "llm-d.ai/inference-serving=true"
+
+
 class PodDiscoveryConfig(_Strict):
-    pod_label_selector: str = Field(default="llm-d.ai/inference-serving=true", alias="podLabelSelector")
+    pod_label_selector: str = Field(default=_DEFAULT_POD_SELECTOR, alias="podLabelSelector")
     pod_namespace: str = Field(default="", alias="podNamespace")
     socket_port: int = Field(default=5557, gt=0, lt=65536, alias="socketPort")
     replay_socket_port: int = Field(default=0, lt=65536, alias="replaySocketPort")
+
+    @model_validator(mode="after")
+    def _check(self) -> PodDiscoveryConfig:
+        if self.pod_label_selector != _DEFAULT_POD_SELECTOR or self.pod_namespace:
+            raise ValueError(
+                "podLabelSelector and podNamespace are not supported yet: llm-epp subscribes to the endpoints of "
+                "its own pool (the InferencePool, --endpoint-selector or the endpoints file); leave them out"
+            )
+        return self
 
 
 class KVEventsConfig(_Strict):
     zmq_endpoint: str = Field(default="", alias="zmqEndpoint")
     topic_filter: str = Field(default="kv@", alias="topicFilter")
-    concurrency: int = Field(default=4, ge=0)
+    concurrency: int = Field(default=4, ge=0)  # workers applying events: one here, in order per endpoint
     engine_type: str = Field(default="vllm", alias="engineType")
     discover_pods: bool = Field(default=True, alias="discoverPods")
     pod_discovery_config: PodDiscoveryConfig | None = Field(default=None, alias="podDiscoveryConfig")
