@@ -162,3 +162,12 @@ def test_a_second_request_headers_message_releases_the_first_request() -> None:
     script = [("headers", b"", False), ("body", VALID, True), ("headers", b"", False)]
     asyncio.run(_run(harness, script, FDS, cancel=False))
     _assert_nothing_leaked(harness)
+
+
+def test_a_second_end_of_request_body_neither_routes_again_nor_leaks() -> None:
+    for mode in (FDS, BUFFERED):
+        harness = harness_for(1024)
+        script = [("headers", b"", False), ("body", VALID, True), ("body", VALID, True)]
+        asyncio.run(_run(harness, script, mode, cancel=False))
+        _assert_nothing_leaked(harness)
+        assert len(harness.recorder.completed) <= 1

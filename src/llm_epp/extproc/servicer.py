@@ -160,6 +160,8 @@ class ExtProcServicer:
                 return
             kind = req.WhichOneof("request")
             if kind == "request_body":
+                if st.routed:  # a second end of the body would route the request again and lose the first pick
+                    raise RuntimeError("ext_proc protocol error: request body after the request was routed")
                 rb = req.request_body
                 chunk = rb.body
                 if chunk:
