@@ -46,8 +46,11 @@ def start_stack(
     failure_mode: str = "FailClose",
     fallback: bool = False,
     epp_args: tuple[str, ...] = (),
+    epp_env: dict[str, str] | None = None,
 ) -> Stack:
-    epp = EppProcess("--endpoints", ",".join(backends.addresses), f"--secure-serving={str(tls).lower()}", *epp_args)
+    epp = EppProcess(
+        "--endpoints", ",".join(backends.addresses), f"--secure-serving={str(tls).lower()}", *epp_args, env=epp_env
+    )
     epp.start()
     opts = EnvoyConfigOptions(
         listen_port=0,

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from llm_epp.framework import NullRecorder
@@ -23,38 +19,16 @@ from llm_epp.observability.tracing import (
     shutdown_tracer,
     with_plugin_spans,
 )
+from tests.support.otlp_collector import Collector, running_collector
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
 
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """Keeps every span it is sent, with the service name of its resource."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, Span]] = []
-        self._lock = threading.Lock()
-
-    def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        with self._lock:
-            for rs in request.resource_spans:
-                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
-                for ss in rs.scope_spans:
-                    self.spans.extend((service, span) for span in ss.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.fixture
 def collector() -> Iterator[tuple[Collector, int]]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = Collector()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, port
-    server.stop(None)
+    with running_collector() as running:
+        yield running
 
 
 def _env(port: int, **extra: str) -> dict[str, str]:
