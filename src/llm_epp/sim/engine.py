@@ -430,17 +430,20 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n = min(r.num_tokens - r.num_computed, budget)
-            ok = True
-            while not self._allocate(r, r.num_computed + n):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is r:
-                    ok = False
+            n = r.num_tokens - r.num_computed
+            if n > budget:
+                n = budget
+            if -(-(r.num_computed + n) // bs) > len(r.blocks):  # a new block is needed (most decode steps: none)
+                ok = True
+                while not self._allocate(r, r.num_computed + n):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is r:
+                        ok = False
+                        break
+                if not ok:
                     break
-            if not ok:
-                break
             scheduled.append((r, n))
             budget -= n
             i += 1
