@@ -63,6 +63,7 @@ from llm_epp.requestcontrol.decision import (
 )
 from llm_epp.requestcontrol.lifecycle import RequestHandle
 from llm_epp.requestcontrol.parsers import ParserTable, request_path
+from llm_epp.requestcontrol.transfer_fields import strip_transfer_fields
 from llm_epp.scheduling import Scheduler, SchedulingFailedError
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,10 @@ class Director:
             target = rule[0]
             self.recorder.model_rewrite(rule[1], incoming, target)
         body_out = parser.rewrite_model(parsed, body, target) if incoming and target != incoming else None
+        stripped = strip_transfer_fields(parsed.body.payload, body_out if body_out is not None else body)
+        if stripped is not None:  # a client may not point a model server at a KV peer of its choice
+            body_out = stripped[0]
+            log.info("client_transfer_fields_removed request_id=%s fields=%s", inp.request_id, ",".join(stripped[1]))
         objective = header_value(headers, OBJECTIVE_HEADERS) or ""
         priority = objectives.priority(objective) if objective else None
         request = InferenceRequest(
