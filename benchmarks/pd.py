@@ -11,9 +11,9 @@ length (5,000 / 250 tokens by default), arrivals at a constant rate.  On the sam
 * ``prefix-based``: the same split pods with ``prefix-based-pd-decider`` (``nonCachedTokens``): a request is
   split only when the part of its prompt the decode pod has not cached is that long.
 
-and sweeps the input length (at a rate that keeps the aggregated pods' prefill load the same) and the KV
-transfer bandwidth.  Per run: TTFT, per-request mean ITL and E2E (mean, p50, p90), requests/s, output
-tokens/s, the share of requests split, and the KV bytes moved.
+and sweeps the input length (at a rate that keeps the prompt tokens offered per second the same), the load
+(aggregated vs always-disagg) and the KV transfer bandwidth.  Per run: TTFT, per-request mean ITL and E2E
+(mean, p50, p90), requests/s, output tokens/s, the share of requests split, and the KV bytes moved.
 
     python -m benchmarks.pd                 # the full sweep (a few minutes)
     python -m benchmarks.pd --smoke         # seconds: tiny profile, for the test suite
@@ -103,6 +103,8 @@ class Setup:
     load: float = 8.0 * 5000
     """Prompt tokens per second offered (rate = load / input length): the same prefill work at every length."""
     input_lens: tuple[int, ...] = (1000, 5000, 20000)
+    load_factors: tuple[float, ...] = (0.5, 1.5)
+    """Other loads (x ``load``) for aggregated vs always-disagg at the middle input length."""
     bandwidths_gbps: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)
     """GB/s of the bandwidth sweep (at the middle input length)."""
     default_bandwidth_gbps: float = 25.0
@@ -120,6 +122,7 @@ SMOKE = Setup(
     duration=3.0,
     load=4.0 * 400,
     input_lens=(100, 400),
+    load_factors=(2.0,),
     bandwidths_gbps=(0.1, 10.0),
     default_bandwidth_gbps=1.0,
     non_cached_tokens=200,
@@ -164,9 +167,9 @@ def _prompts(n: int, length: int, output: int, seed: int) -> list[Prompt]:
     return [w.next_prompt() for _ in range(n)]
 
 
-def run_one(setup: Setup, mode: str, input_len: int, bandwidth_gbps: float) -> Row:
+def run_one(setup: Setup, mode: str, input_len: int, bandwidth_gbps: float, load_factor: float = 1.0) -> Row:
     profile = get_profile(setup.profile)
-    rate = setup.load / input_len
+    rate = setup.load * load_factor / input_len
     n = max(round(rate * setup.duration), 1)
     prompts = _prompts(n, input_len, setup.output_len, setup.seed)
     if mode == "aggregated":
@@ -251,7 +254,9 @@ def table_row(r: Row) -> str:
     )
 
 
-def report(setup: Setup, length_rows: list[Row], bandwidth_rows: list[Row], argv: Sequence[str] | None) -> str:
+def report(
+    setup: Setup, length_rows: list[Row], load_rows: list[Row], bandwidth_rows: list[Row], argv: Sequence[str] | None
+) -> str:
     profile = get_profile(setup.profile)
     lines = [
         "# Prefill/decode disaggregation (virtual time)" + (" (smoke)" if setup.smoke else ""),
@@ -273,6 +278,12 @@ def report(setup: Setup, length_rows: list[Row], bandwidth_rows: list[Row], argv
         "",
         HEADER,
         *(table_row(r) for r in length_rows),
+        "",
+        f"## Load (input {setup.input_lens[len(setup.input_lens) // 2]} tokens, KV bandwidth "
+        f"{setup.default_bandwidth_gbps:g} GB/s; x{' / x'.join(f'{f:g}' for f in setup.load_factors)} the load above)",
+        "",
+        HEADER,
+        *(table_row(r) for r in load_rows),
         "",
         f"## KV transfer bandwidth (input {setup.input_lens[len(setup.input_lens) // 2]} tokens)",
         "",
@@ -297,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = Setup(**{**asdict(setup), "duration": duration, "seed": seed})
     print(f"benchmarks.pd: {setup}", file=sys.stderr)
     length_rows: list[Row] = []
+    load_rows: list[Row] = []
     bandwidth_rows: list[Row] = []
     middle = setup.input_lens[len(setup.input_lens) // 2]
     try:
@@ -304,6 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode in MODES:
                 row = run_one(setup, mode, length, setup.default_bandwidth_gbps)
                 length_rows.append(row)
+                print(table_row(row) + f" ({row.wall_s:.1f} s)", file=sys.stderr, flush=True)
+        for factor in setup.load_factors:
+            for mode in ("aggregated", "always-disagg"):
+                row = run_one(setup, mode, middle, setup.default_bandwidth_gbps, factor)
+                load_rows.append(row)
                 print(table_row(row) + f" ({row.wall_s:.1f} s)", file=sys.stderr, flush=True)
         for gbps in setup.bandwidths_gbps:
             row = run_one(setup, "always-disagg", middle, gbps)
@@ -314,9 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     stem = "pd_smoke" if setup.smoke else "pd"
-    (out / f"{stem}.md").write_text(report(setup, length_rows, bandwidth_rows, argv))
+    (out / f"{stem}.md").write_text(report(setup, length_rows, load_rows, bandwidth_rows, argv))
     data = {"setup": asdict(setup), "lengths": [asdict(r) for r in length_rows],
-            "bandwidths": [asdict(r) for r in bandwidth_rows]}  # fmt: skip
+            "loads": [asdict(r) for r in load_rows], "bandwidths": [asdict(r) for r in bandwidth_rows]}  # fmt: skip
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=lambda v: None))
     print(f"wrote {out / (stem + '.md')}", file=sys.stderr)
     return 0
