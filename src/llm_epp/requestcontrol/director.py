@@ -237,7 +237,9 @@ class Director:
         stripped = strip_transfer_fields(parsed.body.payload, body_out if body_out is not None else body)
         if stripped is not None:  # a client may not point a model server at a KV peer of its choice
             body_out = stripped[0]
-            log.info("client_transfer_fields_removed request_id=%s fields=%s", inp.request_id, ",".join(stripped[1]))
+            if log.isEnabledFor(logging.DEBUG):  # the INFO budget is one line per request (endpoint_picked)
+                fields = ",".join(stripped[1])
+                log.debug("client_transfer_fields_removed request_id=%s fields=%s", inp.request_id, fields)
         objective = header_value(headers, OBJECTIVE_HEADERS) or ""
         priority = objectives.priority(objective) if objective else None
         request = InferenceRequest(
