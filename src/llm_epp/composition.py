@@ -80,6 +80,7 @@ def build_request_path(
         datastore.snapshot,
         config.scheduler,
         RequestPlugins(
+            screeners=config.screeners,
             prepare_data=config.prepare_data,
             admission=config.admission,
             pre_request=config.pre_request,

@@ -117,3 +117,28 @@ def test_director_cost_smoke_writes_both_stores_for_each_size(tmp_path: Path) ->
         assert int(numbers[0]) == 40  # every timed request was measured
     summary = [r for r in report.splitlines() if re.match(r"^\| (8|64) \| [\d,]+ \| [\d,]+ \| [+-]\d+% \|$", r)]
     assert len(summary) == 2
+
+
+def test_pd_smoke_compares_the_three_modes_and_sweeps_the_bandwidth(tmp_path: Path) -> None:
+    out = _run("benchmarks.pd", "--smoke", "--seed", "4", "--output", str(tmp_path))
+    assert "seed=4" in out.stderr
+    data = json.loads((tmp_path / "pd_smoke.json").read_text())
+    assert data["setup"]["seed"] == 4
+    lengths, bandwidths = data["lengths"], data["bandwidths"]
+    modes = ["aggregated", "always-disagg", "prefix-based"]
+    assert [(r["mode"], r["input_len"]) for r in lengths] == [(m, n) for n in (100, 400) for m in modes]
+    for row in lengths + bandwidths + data["loads"]:
+        assert row["failures"] == 0 and row["requests"] > 0 and row["req_per_s"] > 0
+        assert row["ttft_p50"] <= row["ttft_p90"] and row["itl_p50"] <= row["itl_p90"]
+        assert sum(row["pods_used"]) == row["requests"]
+    for row in lengths:
+        if row["mode"] == "aggregated":
+            assert row["split"] == 0 and row["kv_gb"] == 0
+        if row["mode"] == "always-disagg":
+            assert row["split"] == 1 and row["kv_gb"] > 0
+            assert row["pods_used"][:2] == [0, 0]  # every request decoded on a decode pod
+    assert [r["bandwidth_gbps"] for r in bandwidths] == [0.1, 10.0]
+    assert [(r["mode"], r["rate"]) for r in data["loads"]] == [("aggregated", 8.0), ("always-disagg", 8.0)]
+    report = (tmp_path / "pd_smoke.md").read_text()
+    assert len(_table_rows(report, "always-disagg")) == 2 + 1 + 2
+    assert len(_table_rows(report, "aggregated")) == 2 + 1

@@ -153,6 +153,24 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "disagg-headers-handler": {"prefillProfile": "prefill", "encodeProfile": "encode"},
     "prefill-header-handler": {"prefillProfile": "prefill"},
     "context-length-aware": {"label": "llm-d.ai/context-length-range", "enableFiltering": True},
+    "disaggregatedset-rollout-screener": {
+        "scope": {"labelSelector": "disaggregatedset.x-k8s.io/name=my-set"},
+        "headerSelectors": [
+            {
+                "name": "revision",
+                "headerName": "x-disagg-revision",
+                "labelKey": "disaggregatedset.x-k8s.io/revision",
+                "mode": "strict",
+            },
+            {
+                "name": "slice",
+                "headerName": "x-disagg-slice",
+                "labelKey": "disaggregatedset.x-k8s.io/slice",
+                "mode": "prefer",
+            },
+        ],
+        "revisionGating": {"mode": "max-role", "requireRoles": {"values": ["prefill", "decode"]}},
+    },
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
@@ -162,6 +180,7 @@ REQUIRED_PARAMS: dict[str, str] = {
     "request-attribute-reporter": "exactly one entry",
     "priority-holdback-policy": "minCeiling",
     "utilization-filter": "conditions",
+    "disaggregatedset-rollout-screener": "scope",
 }
 
 

@@ -360,3 +360,34 @@ def test_a_client_sent_prefill_header_never_reaches_the_sidecar(pd: PdStack) -> 
     assert r.status_code == 200, r.text
     assert one(pd.prefill.completions()).body["kv_transfer_params"]["do_remote_decode"] is True
     assert not pd.attacker.received
+
+
+def test_client_sent_kv_transfer_params_never_reach_a_model_server(pd: PdStack) -> None:
+    # A client naming its own KV peer: the decode server would pull KV blocks from that address.
+    host, port = pd.attacker.address.rsplit(":", 1)
+    peer = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "evil",
+        "remote_request_id": "evil",
+        "remote_block_ids": [1, 2, 3],
+        "remote_host": host,
+        "remote_port": int(port),
+    }
+    sglang = {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": 42}
+
+    # Decoded without a split: the body reaches the decode server without the client's fields.
+    body = request_body("/v1/completions", short_prompt(), kv_transfer_params=peer, **sglang)
+    r = httpx.post(pd.url("/v1/completions"), json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    decode_leg = one(pd.decode.completions())
+    assert decode_leg.body == request_body("/v1/completions", body["prompt"])
+
+    # Split: both legs carry the sidecar's parameters, never the client's.
+    pd.reset()
+    body = request_body("/v1/chat/completions", long_prompt(), kv_transfer_params=peer)
+    r = httpx.post(pd.url("/v1/chat/completions"), json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert one(pd.prefill.completions()).body["kv_transfer_params"]["do_remote_decode"] is True
+    assert one(pd.decode.completions()).body["kv_transfer_params"] == pd.prefill.kv_transfer_params()
+    assert not pd.attacker.received

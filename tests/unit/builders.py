@@ -103,12 +103,20 @@ class FakeRecorder:
     completed: list[tuple[Any, ...]] = field(default_factory=list)
     disagg_decisions: list[tuple[TypedName, str, str]] = field(default_factory=list)
     pd_decisions: list[tuple[TypedName, str, str]] = field(default_factory=list)
+    strict_no_match: list[tuple[TypedName, str]] = field(default_factory=list)
+    revision_shares: list[tuple[TypedName, str, dict[str, float]]] = field(default_factory=list)
 
     def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
         self.disagg_decisions.append((plugin, model, decision_type))
 
     def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
         self.pd_decisions.append((plugin, model, decision_type))
+
+    def rollout_strict_no_match(self, plugin: TypedName, selector: str) -> None:
+        self.strict_no_match.append((plugin, selector))
+
+    def rollout_revision_shares(self, plugin: TypedName, mode: str, shares: Mapping[str, float]) -> None:
+        self.revision_shares.append((plugin, mode, dict(shares)))
 
     def plugin_duration(self, extension_point: str, plugin: TypedName, seconds: float) -> None:
         self.plugin_durations.append((extension_point, plugin, seconds))

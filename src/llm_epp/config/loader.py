@@ -52,6 +52,7 @@ from llm_epp.framework.requestcontrol import (
     PreRequest,
     ResponseComplete,
     ResponseReceived,
+    Screener,
 )
 from llm_epp.scheduling import Scheduler, SchedulerProfile, WeightedScorer
 from llm_epp.scheduling.profile import TOTAL
@@ -91,6 +92,7 @@ class LoadedConfig:
     parsers: list[Parser] = field(default_factory=list)  # empty: the director's default parsers
     feature_gates: dict[str, bool] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # accepted, but worth fixing (`config check --strict` fails)
+    screeners: list[Screener] = field(default_factory=list)
     prepare_data: list[PrepareData] = field(default_factory=list)  # producers before their consumers
     admission: list[Admission] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
@@ -492,6 +494,8 @@ def _build(
     )
     for name in order:
         p = plugins[name]
+        if isinstance(p, Screener):
+            loaded.screeners.append(p)
         if isinstance(p, PrepareData):
             loaded.prepare_data.append(p)
         if isinstance(p, Admission):
@@ -516,6 +520,7 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
         used.update(id(s.scorer) for s in profile.scorers)
         used.add(id(profile.picker))
     hooks: list[Sequence[object]] = [
+        loaded.screeners,
         loaded.prepare_data,
         loaded.admission,
         loaded.pre_request,

@@ -4,6 +4,7 @@ outcomes. The observability package implements it with Prometheus (reference met
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from llm_epp.framework.plugin import TypedName
@@ -39,6 +40,15 @@ class Recorder(Protocol):
     def disagg_decision(self, plugin: TypedName, model: str, decision_type: str) -> None: ...
 
     def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None: ...
+
+    def rollout_strict_no_match(self, plugin: TypedName, selector: str) -> None:
+        """A strict header selector of a rollout screener matched no endpoint (the request failed closed)."""
+        ...
+
+    def rollout_revision_shares(self, plugin: TypedName, mode: str, shares: Mapping[str, float]) -> None:
+        """A rollout screener's current traffic share per observed revision (0 for an incomplete one); a
+        revision missing from `shares` is no longer observed."""
+        ...
 
     def request_completed(
         self,
@@ -93,6 +103,12 @@ class NullRecorder:
         pass
 
     def pd_decision(self, plugin: TypedName, model: str, decision_type: str) -> None:
+        pass
+
+    def rollout_strict_no_match(self, plugin: TypedName, selector: str) -> None:
+        pass
+
+    def rollout_revision_shares(self, plugin: TypedName, mode: str, shares: Mapping[str, float]) -> None:
         pass
 
     def request_completed(

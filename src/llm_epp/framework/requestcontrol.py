@@ -60,6 +60,18 @@ class ResponseInfo:
 
 
 @runtime_checkable
+class Screener(Protocol):
+    """Narrows the located candidates once per request, before PrepareData, the admission plugins and every
+    scheduling profile, so no later filter, scorer or picker can undo it. Every screener sees the same input;
+    the request goes on with the endpoints all of them kept (none: HTTP 503). Pure and synchronous."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def screen(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class PrepareData(Protocol):
     """Computes per-request data for the candidates before scheduling (e.g. prefix matches)."""
 

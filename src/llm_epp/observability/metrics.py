@@ -393,6 +393,16 @@ _V_PD = _pair(
     "pd_decision_total", "Total number of P/D disaggregation decisions made", (2, 3),
     ("model_name", "decision_type"), _DECISION,
 )  # fmt: skip
+_ROLLOUT_NO_MATCH = _View(
+    _EPP + "disaggregatedset_strict_header_no_match_total",
+    _ALPHA + "Strict header selections that matched no endpoint and failed closed.",
+    ("plugin_type", "plugin_name", "selector"),
+)
+_ROLLOUT_SHARE = _View(
+    _EPP + "disaggregatedset_revision_gating_share",
+    _ALPHA + "Current weighted revision gating share from 0 to 1; incomplete revisions have share 0.",
+    ("plugin_type", "plugin_name", "mode", "revision"),
+)
 _V_TTFT = _View(
     _EPP + "request_ttft_seconds",
     _ALPHA + "Time to first token in seconds, measured from request received to first response byte. For "
@@ -512,6 +522,8 @@ class PrometheusRecorder:
         self._extract_errors: dict[tuple[str, str], _Cell] = {}
         self._disagg: dict[tuple[str, str, str, str], _Cell] = {}
         self._pd: dict[tuple[str, str, str, str], _Cell] = {}
+        self._rollout_no_match: dict[tuple[str, str, str], _Cell] = {}
+        self._rollout_shares: dict[tuple[str, str, str], dict[str, float]] = {}
         self._ttft: dict[tuple[str, str, str, str, str], _HistCell] = {}
         self._streaming_tpot: dict[tuple[str, str, str, str], _HistCell] = {}
         self._itl: dict[tuple[str, str, str, str], _HistCell] = {}
@@ -761,6 +773,12 @@ class PrometheusRecorder:
         label = self._model(model) or "unknown"
         self._cell(self._pd, (plugin.name, plugin.type, label, decision_type)).value += 1
 
+    def rollout_strict_no_match(self, plugin: TypedName, selector: str) -> None:
+        self._cell(self._rollout_no_match, (plugin.type, plugin.name, selector)).value += 1
+
+    def rollout_revision_shares(self, plugin: TypedName, mode: str, shares: Mapping[str, float]) -> None:
+        self._rollout_shares[(plugin.type, plugin.name, mode)] = dict(shares)
+
     # --- pool gauges (the data layer calls this every --refresh-prometheus-metrics-interval) -------
     def set_pool_gauges(
         self,
@@ -862,6 +880,12 @@ class PrometheusRecorder:
             if cells:
                 for view in views:
                     yield _counter(view, cells)
+        no_match = [(k, c.value) for k, c in list(self._rollout_no_match.items())]
+        if no_match:
+            yield _counter(_ROLLOUT_NO_MATCH, no_match)
+        shares = [((*k, rev), v) for k, table in list(self._rollout_shares.items()) for rev, v in table.items()]
+        if shares:
+            yield _gauge(_ROLLOUT_SHARE, shares)
         for hist_table, hist_view, buckets in (
             (self._ttft, _V_TTFT, _TTFT),
             (self._streaming_tpot, _V_STREAMING_TPOT, _STREAMING_TPOT),

@@ -22,6 +22,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from llm_epp.framework.types import split_host_port
+from llm_epp.pdsidecar import decision as d
 from llm_epp.pdsidecar import protocol as p
 from llm_epp.pdsidecar.allowlist import Allowlist
 
@@ -47,7 +48,6 @@ _HOP_BY_HOP = frozenset(
 )
 _ROUTING = frozenset({p.PREFILL_HEADER, p.ENCODER_HEADER, p.KV_CACHE_SOURCE_HEADER})
 _JSON = {"Content-Type": "application/json"}
-_RETRYABLE = frozenset({502, 503, 504})  # transient: the same prefill pod may answer on a retry
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,19 @@ class Sidecar:
 
     # --- routing ----------------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        style = p.DISAGGREGATED_PATHS.get(request.path) if request.method == "POST" else None
-        targets = self._prefill_targets(request)
-        if style is None or not targets:
+        cfg = self.config
+        plan = d.plan_request(
+            request.method,
+            request.path,
+            request.headers.getall(p.PREFILL_HEADER, []),
+            sampling=cfg.enable_prefiller_sampling,
+            sampler=cfg.sampler,
+            allowed=cfg.allowlist.allows,
+        )
+        if plan.kind is d.PlanKind.PASS_THROUGH:
             return await self._pass_through(request)
-        target = targets[self.config.sampler(len(targets))] if self.config.enable_prefiller_sampling else targets[0]
-        if not self._valid_target(target) or not self.config.allowlist.allows(target):
+        target = plan.target
+        if plan.kind is d.PlanKind.DENIED:
             log.warning(
                 "pd_sidecar_prefill_target_denied target=%r client=%s path=%s user_agent=%r",
                 target,
@@ -154,25 +161,10 @@ class Sidecar:
             return _error(400, f"request body is not valid JSON: {e}", "BadRequestError")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object", "BadRequestError")
-        if self.config.kv_connector == SGLANG:
+        if cfg.kv_connector == SGLANG:
             return await self._sglang(request, body, target)
-        return await self._nixl(request, body, target, style)
-
-    @staticmethod
-    def _prefill_targets(request: web.Request) -> list[str]:
-        values = request.headers.getall(p.PREFILL_HEADER, [])
-        out: list[str] = []
-        for value in values:
-            out.extend(t.strip() for t in value.split(",") if t.strip())
-        return out
-
-    @staticmethod
-    def _valid_target(target: str) -> bool:
-        try:
-            host, port = split_host_port(target)
-        except ValueError:
-            return False
-        return bool(host) and port is not None and 1 <= port <= 65535 and "/" not in host and "@" not in host
+        assert plan.style is not None
+        return await self._nixl(request, body, target, plan.style)
 
     def _url(self, hostport: str, path: str) -> str:
         return f"{self.config.prefill_scheme}://{hostport}{path}"
@@ -261,7 +253,7 @@ class Sidecar:
         timeout = aiohttp.ClientTimeout(total=self.config.prefill_timeout_s)
         attempt = 0
         while True:
-            failure, raw, ctype = "", b"", "application/json"
+            failure, raw, ctype, status = "", b"", "application/json", 0
             try:
                 url = self._url(target, path)
                 async with self.session.post(url, headers=headers, data=body, timeout=timeout) as resp:
@@ -269,25 +261,27 @@ class Sidecar:
                     status = resp.status
                     ctype = resp.headers.get("Content-Type", ctype)
             except (TimeoutError, aiohttp.ClientError) as e:
-                failure, status = f"prefill request failed: {e!r}", 0
-            if status not in _RETRYABLE and not failure:
+                failure = f"prefill request failed: {e!r}"
+            answer: Any = None
+            if not failure and 200 <= status < 300:
+                try:
+                    answer = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    answer = None
+            outcome = d.classify_prefill(status, answer, failure=failure)
+            if outcome.verdict is not d.PrefillVerdict.RETRY:
                 break
             if attempt >= self.config.prefill_max_retries:
-                raise PrefillFallback(failure or f"prefill answered HTTP {status}")
+                raise PrefillFallback(outcome.reason)
             attempt += 1
             log.info("pd_sidecar_prefill_retry target=%s request_id=%s attempt=%d", target, request_id, attempt)
             await asyncio.sleep(self.config.prefill_retry_backoff_s)
-        if 400 <= status <= 451:
+        if outcome.verdict is d.PrefillVerdict.REJECT:
             log.info("pd_sidecar_prefill_rejected target=%s request_id=%s status=%d", target, request_id, status)
             return web.Response(status=status, body=raw, headers={"Content-Type": ctype})
-        if not 200 <= status < 300:
-            raise PrefillFallback(f"prefill answered HTTP {status}")
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise PrefillFallback("prefill answer is not JSON") from None
-        if not isinstance(answer, dict) or not isinstance(answer.get(p.KV_TRANSFER_PARAMS), dict):
-            raise PrefillFallback("prefill answer has no kv_transfer_params")
+        if outcome.verdict is d.PrefillVerdict.FALLBACK:
+            raise PrefillFallback(outcome.reason)
+        assert isinstance(answer, dict)
         return answer
 
     async def _sglang(self, request: web.Request, body: dict[str, Any], target: str) -> web.StreamResponse:

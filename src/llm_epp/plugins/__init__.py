@@ -13,6 +13,7 @@ from llm_epp.plugins.disagg import (
     decode_filter,
     disagg_headers_handler,
     disagg_profile_handler,
+    disaggregatedset_rollout_screener,
     encode_filter,
     pd_profile_handler,
     prefill_filter,
@@ -127,6 +128,7 @@ _MODULES = (
     context_length_aware,
     disagg_headers_handler,
     prefill_header_handler,
+    disaggregatedset_rollout_screener,
     global_strict_fairness_policy,
     round_robin_fairness_policy,
     fcfs_ordering_policy,
@@ -171,11 +173,11 @@ UNSUPPORTED: dict[str, str] = {
             "context-length-aware",
             "prefill-header-handler",
             "disagg-headers-handler",
-            "disaggregatedset-rollout-screener",
-            "disaggregatedset-rollout-pod-extractor",
         ),
         _PD,
     ),
+    "disaggregatedset-rollout-pod-extractor": "a Pod notification extractor that llm-d-router's rollout screener "
+    "registers itself; llm-epp's disaggregatedset-rollout-screener counts the pool's endpoints and needs none",
     **dict.fromkeys(
         (
             "precise-prefix-cache-producer",

@@ -47,6 +47,7 @@ from llm_epp.framework.requestcontrol import (
     ResponseComplete,
     ResponseInfo,
     ResponseReceived,
+    Screener,
 )
 from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
 from llm_epp.framework.types import ApiKind, RequestBody
@@ -63,6 +64,7 @@ from llm_epp.requestcontrol.decision import (
 )
 from llm_epp.requestcontrol.lifecycle import RequestHandle
 from llm_epp.requestcontrol.parsers import ParserTable, request_path
+from llm_epp.requestcontrol.transfer_fields import strip_transfer_fields
 from llm_epp.scheduling import Scheduler, SchedulingFailedError
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ def header_value(headers: Mapping[str, str], names: Sequence[str]) -> str | None
 
 @dataclass
 class RequestPlugins:
+    screeners: Sequence[Screener] = ()
     prepare_data: Sequence[PrepareData] = ()
     admission: Sequence[Admission] = ()
     pre_request: Sequence[PreRequest] = ()
@@ -231,6 +234,12 @@ class Director:
             target = rule[0]
             self.recorder.model_rewrite(rule[1], incoming, target)
         body_out = parser.rewrite_model(parsed, body, target) if incoming and target != incoming else None
+        stripped = strip_transfer_fields(parsed.body.payload, body_out if body_out is not None else body)
+        if stripped is not None:  # a client may not point a model server at a KV peer of its choice
+            body_out = stripped[0]
+            if log.isEnabledFor(logging.DEBUG):  # the INFO budget is one line per request (endpoint_picked)
+                fields = ",".join(stripped[1])
+                log.debug("client_transfer_fields_removed request_id=%s fields=%s", inp.request_id, fields)
         objective = header_value(headers, OBJECTIVE_HEADERS) or ""
         priority = objectives.priority(objective) if objective else None
         request = InferenceRequest(
@@ -259,6 +268,8 @@ class Director:
             else:
                 candidates = self.candidates(inp.subset)
                 self._shed_if_saturated(request, candidates)
+            if self.plugins.screeners:
+                candidates = self._screen(request, candidates)
             if trace is not None:
                 t1 = _now_ns()
                 trace.phase("admission", t0, t1)
@@ -362,6 +373,27 @@ class Director:
                 ErrorCode.RESOURCE_EXHAUSTED,
                 "system saturated, sheddable request dropped: retry later or send it with a higher priority",
             )
+
+    def _screen(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates every screener kept (each sees the same input); none left: 503. A screener that
+        raises is skipped."""
+        kept = candidates
+        for plugin in self.plugins.screeners:
+            t0 = time.perf_counter()
+            try:
+                allowed = {e.key for e in plugin.screen(request, tuple(candidates))}
+            except Exception:
+                log.exception("screener_failed plugin=%s", plugin.typed_name)
+                self.recorder.plugin_error("Screener", plugin.typed_name)
+                continue
+            finally:
+                self.recorder.plugin_duration("Screener", plugin.typed_name, time.perf_counter() - t0)
+            kept = [e for e in kept if e.key in allowed]
+        if not kept:
+            raise RequestDropped(
+                ErrorCode.SERVICE_UNAVAILABLE, "screeners eliminated all endpoint candidates", DROPPED_NO_ENDPOINTS
+            )
+        return kept
 
     async def _prepare_and_admit(
         self,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import yaml
 
+from llm_epp.sim.disagg import DEFAULT_BANDWIDTH, DEFAULT_SETUP_LATENCY, ROLES, KvTransfer, role_labels
 from llm_epp.sim.live import ENGINES, LivePod
 from llm_epp.sim.profiles import PROFILES, get_profile
 from llm_epp.sim.server import SimServer
 
-__all__ = ["add_arguments", "endpoints_yaml", "run", "start_pods"]
+__all__ = ["add_arguments", "endpoints_yaml", "pod_roles", "run", "start_pods"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,23 +31,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints-file", help="write the pods to this llm-epp endpoints file")
     parser.add_argument("--get-load-format", choices=("vllm-router", "sglang"), default=None,
                         help="shape of GET /get_load (default: the engine's; vllm-router for vllm)")  # fmt: skip
+    parser.add_argument("--role", default="",
+                        help="prefill/decode role of the pods: prefill, decode or both, or one per pod, comma-"
+                             "separated (labelled llm-d.ai/role in the endpoints file); default: no role")  # fmt: skip
+    parser.add_argument("--kv-transfer-bandwidth", type=float, default=DEFAULT_BANDWIDTH / 1e9,
+                        help="GB/s of a decode pod's KV pull from a prefill pod (default %(default)g)")  # fmt: skip
+    parser.add_argument("--kv-transfer-latency", type=float, default=DEFAULT_SETUP_LATENCY,
+                        help="seconds each KV pull costs before the first byte (default %(default)g)")  # fmt: skip
+
+
+def pod_roles(spec: str, pods: int) -> list[str | None]:
+    """The role of each of ``pods`` pods from ``--role`` (one for all, or one per pod); ``ValueError``."""
+    names = [r.strip() for r in spec.split(",")] if spec.strip() else []
+    if not names:
+        return [None] * pods
+    for name in names:
+        if name not in ROLES:
+            raise ValueError(f"--role {name!r}: use prefill, decode or both")
+    if len(names) == 1:
+        return [names[0]] * pods
+    if len(names) != pods:
+        raise ValueError(f"--role names {len(names)} roles for {pods} pods: give one role, or one per pod")
+    return list(names)
 
 
 def endpoints_yaml(servers: list[SimServer], engine: str = "vllm") -> str:
-    """An llm-epp endpoints file listing ``servers`` as endpoints of ``engine``."""
-    doc = {"endpoints": [{"name": s.name, "address": s.host, "port": s.port, "engine": engine} for s in servers]}
-    return yaml.safe_dump(doc, sort_keys=False)
+    """An llm-epp endpoints file listing ``servers`` as endpoints of ``engine`` (with their role labels)."""
+    entries: list[dict[str, object]] = []
+    for s in servers:
+        entry: dict[str, object] = {"name": s.name, "address": s.host, "port": s.port, "engine": engine}
+        if s.pod.role is not None:
+            entry["labels"] = role_labels(s.pod.role)
+        entries.append(entry)
+    return yaml.safe_dump({"endpoints": entries}, sort_keys=False)
 
 
 async def start_pods(args: argparse.Namespace) -> list[SimServer]:
     """Start ``args.pods`` pods with their HTTP servers; on failure stop the ones already started."""
     profile = get_profile(args.profile)
     loras = tuple(name for part in args.lora.split(",") if (name := part.strip()))
+    roles = pod_roles(getattr(args, "role", ""), args.pods)
+    transfer = KvTransfer(
+        getattr(args, "kv_transfer_bandwidth", DEFAULT_BANDWIDTH / 1e9) * 1e9,
+        getattr(args, "kv_transfer_latency", DEFAULT_SETUP_LATENCY),
+    )
     servers: list[SimServer] = []
     try:
         for i in range(args.pods):
             pod = LivePod(
-                f"sim-{i}", profile, model=args.model, loras=loras, time_scale=args.time_scale, engine=args.engine
+                f"sim-{i}",
+                profile,
+                model=args.model,
+                loras=loras,
+                time_scale=args.time_scale,
+                engine=args.engine,
+                role=roles[i],
+                kv_transfer=transfer,
             )
             port = args.base_port + i if args.base_port else 0
             servers.append(await SimServer(pod, port=port, load_format=args.get_load_format).start())
@@ -84,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
         get_profile(args.profile)
     except KeyError as exc:
         print(f"llm-epp sim: {exc.args[0]}", file=sys.stderr)
+        return 2
+    try:
+        pod_roles(args.role, args.pods)
+        KvTransfer(args.kv_transfer_bandwidth * 1e9, args.kv_transfer_latency)
+    except ValueError as exc:
+        print(f"llm-epp sim: {exc} (--kv-transfer-bandwidth in GB/s > 0, --kv-transfer-latency in s >= 0)",
+              file=sys.stderr)  # fmt: skip
         return 2
     from collections.abc import Callable
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import heapq
 import itertools
 import math
@@ -31,7 +32,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, SimRequest
+from llm_epp.sim.disagg import DecodeLeg, KvTransfer, SidecarRefusal, VirtualSidecar, role_labels
+from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, RequestEvent, SimRequest
 from llm_epp.sim.profiles import Profile
 from llm_epp.sim.routers import (
     DEFAULT_SCRAPE_INTERVAL,
@@ -46,6 +48,7 @@ from llm_epp.sim.routers import (
     Router,
     RoutingError,
     make_router,
+    pod_address,
 )
 from llm_epp.sim.virtual_loop import VirtualClock, VirtualEventLoop
 from llm_epp.sim.workload import Prompt, SharedPrefixWorkload, Stage, stage_offsets
@@ -97,6 +100,10 @@ class RequestResult:
     status: int = 200
     """The HTTP status the client got: 200, the router's refusal (429 shed, 503 no candidate, ...) or 400
     when the pod rejected the request."""
+    prefill_pod: int = -1
+    """The pod that ran the prefill leg of a disaggregated request (-1: prefilled where it decoded)."""
+    kv_bytes: int = 0
+    """KV-cache bytes the decode pod pulled for it."""
 
     @property
     def ttft(self) -> float:
@@ -281,6 +288,7 @@ class _InFlight:
     pod: int
     arrival: float
     first_token: float = math.nan
+    leg: DecodeLeg | None = None
 
 
 @dataclass(slots=True)
@@ -303,13 +311,41 @@ class Cluster:
     """``num_pods`` engines of one profile; :meth:`run` plays a staged workload through a router.
 
     Each :meth:`run` / :meth:`run_trace` runs on a fresh :class:`VirtualEventLoop` over the cluster's one
-    clock (:attr:`clock` carries on from run to run, as the engines' state does)."""
+    clock (:attr:`clock` carries on from run to run, as the engines' state does).
 
-    def __init__(self, profile: Profile, num_pods: int) -> None:
+    ``roles`` (one of ``prefill``, ``decode``, ``both`` per pod) makes a prefill/decode cluster: the pods carry
+    the role labels (:meth:`pod_labels`, for the router's endpoints) and every pod has the decode-side routing
+    sidecar in front (:class:`~llm_epp.sim.disagg.VirtualSidecar`): a request the router sends with
+    ``x-prefiller-host-port`` runs its prefill leg on that pod, the KV moves at ``kv_transfer``'s speed, and
+    the decode pod decodes it."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        num_pods: int,
+        *,
+        roles: Sequence[str] | None = None,
+        kv_transfer: KvTransfer | None = None,
+        seed: int = 0,
+    ) -> None:
         if num_pods < 1:
             raise ValueError("num_pods must be >= 1")
+        if roles is not None and len(roles) != num_pods:
+            raise ValueError(f"roles names {len(roles)} pods, the cluster has {num_pods}")
         self.profile = profile
         self.num_pods = num_pods
+        self.roles = tuple(roles) if roles is not None else None
+        self._labels = [role_labels(r) for r in self.roles] if self.roles is not None else [{} for _ in range(num_pods)]
+        self.sidecar: VirtualSidecar | None = None
+        if roles is not None:
+            self.sidecar = VirtualSidecar(
+                {f"{pod_address(i)}:8000": i for i in range(num_pods)},
+                block_size=profile.block_size,
+                kv_bytes_per_token=profile.kv_bytes_per_token,
+                transfer=kv_transfer or KvTransfer(),
+                seed=seed,
+            )
+        self._legs: dict[str, asyncio.Future[RequestEvent]] = {}
         self.engines = [Engine(profile, token_events=False) for _ in range(num_pods)]
         self._clock = VirtualClock()
         self._next_id = 0
@@ -334,6 +370,28 @@ class Cluster:
 
     def metrics(self) -> list[EngineMetrics]:
         return [e.metrics() for e in self.engines]
+
+    def pod_labels(self) -> list[dict[str, str]]:
+        """Each pod's endpoint labels (the role label in a prefill/decode cluster)."""
+        return [dict(labels) for labels in self._labels]
+
+    # --- the sidecar's legs (:class:`~llm_epp.sim.disagg.LegRunner`) ----------------------------------
+    async def run_leg(self, pod: int, request: SimRequest) -> RequestEvent:
+        loop = self._loop
+        assert loop is not None
+        now = self.clock
+        self._advance(pod, now)
+        self.engines[pod].submit(request, now)  # ValueError: the pod rejects it
+        future: asyncio.Future[RequestEvent] = loop.create_future()
+        self._legs[request.id] = future
+        self._reschedule(pod)
+        try:
+            return await future
+        finally:
+            self._legs.pop(request.id, None)
+
+    def cached_prefix_tokens(self, pod: int, token_ids: Sequence[int]) -> int:
+        return self.engines[pod].cached_prefix_tokens(token_ids)
 
     # --- public runs ----------------------------------------------------------------------------------
     def run(
@@ -496,12 +554,19 @@ class Cluster:
         router = self._router
         assert router is not None
         for ev in engine.advance(now):
+            leg = self._legs.get(ev.request_id)
+            if leg is not None:
+                if ev.kind is EventKind.FINISHED and not leg.done():
+                    leg.set_result(ev)
+                continue
             if ev.kind is EventKind.FIRST_TOKEN:
                 f = self._inflight[ev.request_id][0]
                 f.first_token = ev.time
                 router.on_first_token(f.routed, pod, ev.time)
             elif ev.kind is EventKind.FINISHED:
                 f, stage = self._inflight.pop(ev.request_id)
+                if f.leg is not None:  # the sidecar reports the prefill pod's cached tokens
+                    ev = dataclasses.replace(ev, cached_tokens=f.leg.cached_tokens)
                 router.on_finish(f.routed, pod, ev, ev.time)
                 stage.add(
                     RequestResult(
@@ -516,6 +581,8 @@ class Cluster:
                         ev.cached_tokens,
                         ev.completion_tokens,
                         ev.preemptions,
+                        prefill_pod=f.leg.prefill_pod if f.leg is not None else -1,
+                        kv_bytes=f.leg.kv_bytes if f.leg is not None else 0,
                     )
                 )
         self._reschedule(pod)
@@ -542,17 +609,30 @@ class Cluster:
         except RoutingError as e:
             stage.add(self._failed(routed, stage.index, -1, arrival, self.clock, e.status))
             return
+        prompt = routed.prompt
+        leg: DecodeLeg | None = None
+        headers = router.upstream_headers(routed)
+        if self.sidecar is not None and headers:
+            body = {"model": SIM_MODEL, "prompt": prompt.text, "max_tokens": prompt.max_tokens}
+            try:
+                leg = await self.sidecar.handle(
+                    self, routed.id, pod, "/v1/completions", headers, body, prompt.token_ids
+                )
+            except SidecarRefusal as e:
+                router.on_rejected(routed, pod, self.clock)
+                stage.add(self._failed(routed, stage.index, pod, arrival, self.clock, e.status))
+                return
         now = self.clock
         engine = self.engines[pod]
         self._advance(pod, now)
-        prompt = routed.prompt
+        external = leg.external_tokens if leg is not None else 0
         try:
-            engine.submit(SimRequest(routed.id, prompt.token_ids, prompt.max_tokens), now)
+            engine.submit(SimRequest(routed.id, prompt.token_ids, prompt.max_tokens, external_tokens=external), now)
         except ValueError:
             router.on_rejected(routed, pod, now)
             stage.add(self._failed(routed, stage.index, pod, arrival, now, 400))
             return
-        self._inflight[routed.id] = (_InFlight(routed, stage.index, pod, arrival), stage)
+        self._inflight[routed.id] = (_InFlight(routed, stage.index, pod, arrival, leg=leg), stage)
         self._reschedule(pod)
 
     @staticmethod

@@ -9,7 +9,7 @@ hooks).  A change of the director's API is a change here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llm_epp.framework import Endpoint, EppError
 from llm_epp.framework.requestcontrol import Usage
@@ -35,6 +35,8 @@ class Routed:
 
     endpoint: Endpoint
     _handle: RequestHandle
+    upstream_headers: Mapping[str, str] = field(default_factory=dict)
+    """Headers the EPP sets on the upstream request (``x-prefiller-host-port`` for a split request)."""
 
 
 class DirectorClient:
@@ -49,7 +51,7 @@ class DirectorClient:
             decision = await self._director.route(RequestInput(request_id, dict(headers), body, subset))
         except EppError as e:
             raise Refused(e.code.http_status, e.message) from None
-        return Routed(decision.endpoint, decision.handle)
+        return Routed(decision.endpoint, decision.handle, dict(decision.upstream_headers))
 
     def response_started(self, routed: Routed, status: int = 200) -> None:
         """The model server's response headers arrived (a streamed response: at its first token)."""

@@ -32,6 +32,10 @@ What is modelled (see ``docs/simulator.md``):
   being admitted reuses the longest cached run of its full blocks, at most ``num_tokens - 1`` tokens (one
   token is always computed, as in vLLM); those tokens are not prefilled.  Prefix-cache queries and hits
   count new requests only (vLLM counts resumed ones apart); ``cached_tokens`` is the first admission's hit.
+* Remote prefill (P/D disaggregation): a request may say that its first ``external_tokens`` prompt tokens
+  were computed elsewhere and their KV received (:mod:`llm_epp.sim.disagg` models the transfer); at first
+  admission those count as computed (blocks are allocated for them, no prefill cost), all but the last
+  prompt token at most.
 * Preemption by recompute (vLLM V1, FCFS): when a running request needs a block and none is free, the
   running request scheduled last is preempted: its blocks are freed (their cached content stays until
   evicted) and it goes back to the FRONT of the waiting queue; when readmitted it looks up prompt + tokens
@@ -99,6 +103,10 @@ class SimRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     lora: str | None = None
+    external_tokens: int = 0
+    """Leading prompt tokens whose KV another pod computed and this one has received (a remote prefill): at
+    first admission they count as computed, beyond the local prefix-cache hit and capped at all tokens but
+    the last, and are not prefilled (the last token is, as vLLM does after a KV transfer)."""
 
 
 class EventKind(enum.Enum):
@@ -167,6 +175,7 @@ class _Req:
     __slots__ = (
         "blocks",
         "cached_tokens",
+        "external",
         "hashes",
         "lora",
         "max_tokens",
@@ -201,6 +210,7 @@ class _Req:
         self.blocks: list[_Block] = []
         self.cached_tokens = -1  # set at first admission
         self.preemptions = 0
+        self.external = request.external_tokens
 
 
 @dataclass(slots=True)
@@ -468,8 +478,11 @@ class Engine:
                         break
                     hits.append(b)
                 hit_tokens = len(hits) * bs
-                n = min(r.num_tokens - hit_tokens, budget)
-                need = -(-(hit_tokens + n) // bs) - len(hits)
+                computed = hit_tokens
+                if r.external > 0 and r.cached_tokens < 0:  # transferred KV: first admission only
+                    computed = max(hit_tokens, min(r.external, r.num_tokens - 1))
+                n = min(r.num_tokens - computed, budget)
+                need = -(-(computed + n) // bs) - len(hits)
                 unpinned_hits = sum(1 for b in hits if b.ref == 0)
                 if need > self._available() - unpinned_hits:
                     break  # head-of-line: wait for KV room
@@ -479,9 +492,9 @@ class Engine:
                         del self._free[b.hash]
                     b.ref += 1
                 r.blocks = hits
-                r.num_computed = hit_tokens
+                r.num_computed = computed
                 r.num_hashed = len(hits)
-                allocated = self._allocate(r, hit_tokens + n)
+                allocated = self._allocate(r, computed + n)
                 assert allocated
                 if r.lora is not None and self._load_lora(r.lora):
                     loads += 1

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 from dataclasses import dataclass, field
 
+from llm_epp.sim.disagg import ROLES, KvTransfer, pulled_tokens
 from llm_epp.sim.engine import Engine, EventKind, RequestEvent, SimRequest
 from llm_epp.sim.profiles import Profile
 from llm_epp.sim.sglang_metrics import SGLangExporter, new_pod_metrics
@@ -53,11 +54,15 @@ class LivePod:
         loras: tuple[str, ...] = (),
         time_scale: float = 1.0,
         engine: str = "vllm",
+        role: str | None = None,
+        kv_transfer: KvTransfer | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
         self.name = name
         self.engine_kind = engine
         """The model server imitated (one of :data:`ENGINES`)."""
@@ -65,6 +70,11 @@ class LivePod:
         self.model = model
         self.loras = tuple(loras)
         self.time_scale = time_scale
+        self.role = role
+        """``prefill``, ``decode`` or ``both`` in a prefill/decode pool (None: an aggregated pool); every pod
+        honours ``kv_transfer_params`` either way, as vLLM with the NIXL connector in ``kv_both`` does."""
+        self.kv_transfer = kv_transfer or KvTransfer()
+        self.engine_id = f"{name}-engine"
         self.engine = Engine(profile, 0.0, token_events=True)
         self.stats = new_pod_metrics() if engine == "sglang" else PodMetrics()
         self._sglang = SGLangExporter(model) if engine == "sglang" else None
@@ -107,17 +117,35 @@ class LivePod:
     # ------------------------------------------------------------------ requests
 
     def submit(
-        self, prompt_token_ids: tuple[int, ...], max_tokens: int, lora: str | None, *, stream: bool
+        self,
+        prompt_token_ids: tuple[int, ...],
+        max_tokens: int,
+        lora: str | None,
+        *,
+        stream: bool,
+        external_tokens: int = 0,
     ) -> LiveRequest:
-        """Queue a request now; ``ValueError`` if the engine rejects it."""
+        """Queue a request now; ``ValueError`` if the engine rejects it.  ``external_tokens``: leading prompt
+        tokens whose KV was pulled from a prefill pod (not prefilled here)."""
         now = self.now()
         self._deliver(self.engine.advance(now))
         rid = f"{self.name}-{next(self._ids)}"
-        self.engine.submit(SimRequest(rid, prompt_token_ids, max_tokens, lora), now)
+        request = SimRequest(rid, prompt_token_ids, max_tokens, lora, external_tokens=external_tokens)
+        self.engine.submit(request, now)
         req = LiveRequest(rid, now, stream)
         self._requests[rid] = req
         self._wake.set()
         return req
+
+    async def pull_kv(self, prompt_token_ids: tuple[int, ...], lora: str | None) -> int:
+        """Pulls the prompt's KV this pod does not hold from a prefill pod: waits the modelled transfer time
+        and counts it in the transfer metrics; the bytes moved."""
+        local = self.engine.cached_prefix_tokens(prompt_token_ids, lora)
+        nbytes = pulled_tokens(len(prompt_token_ids), local) * self.profile.kv_bytes_per_token
+        seconds = self.kv_transfer.duration(nbytes)
+        await asyncio.sleep(seconds * self.time_scale)
+        self.stats.kv_transfer.observe(seconds, nbytes)
+        return nbytes
 
     def abandon(self, req: LiveRequest) -> None:
         """The client is gone: keep the engine work, drop the events."""
@@ -131,7 +159,8 @@ class LivePod:
             self._deliver(self.engine.advance(now))
         if self._sglang is not None:
             return self._sglang.render(self.engine.metrics(), self.stats, now=now)
-        return render(self.model, self.engine.metrics(), self.stats, lora_enabled=bool(self.loras))
+        snap = self.engine.metrics()
+        return render(self.model, snap, self.stats, lora_enabled=bool(self.loras), kv_transfer=self.role is not None)
 
     # ------------------------------------------------------------------ driver
 

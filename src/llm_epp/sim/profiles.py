@@ -43,6 +43,9 @@ class Profile:
     prefill_cost_per_token: float
     decode_cost_per_seq: float
     kv_read_cost_per_token: float
+    kv_bytes_per_token: int = 0
+    """KV-cache bytes of one token over the whole pod (every layer, K and V): what a prefill/decode
+    transfer moves per prompt token."""
 
     def __post_init__(self) -> None:
         for field_name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -52,7 +55,8 @@ class Profile:
             raise ValueError("max_loras must be >= 0")
         if self.step_base <= 0:
             raise ValueError("step_base must be > 0")
-        for field_name in ("lora_load_time", "prefill_cost_per_token", "decode_cost_per_seq", "kv_read_cost_per_token"):
+        for field_name in ("lora_load_time", "prefill_cost_per_token", "decode_cost_per_seq", "kv_read_cost_per_token",
+                           "kv_bytes_per_token"):  # fmt: skip
             if getattr(self, field_name) < 0:
                 raise ValueError(f"{field_name} must be >= 0")
 
@@ -74,6 +78,7 @@ QWEN3_32B_H100_TP2 = Profile(
     prefill_cost_per_token=6.0e-5,
     decode_cost_per_seq=1.0e-4,
     kv_read_cost_per_token=6.5e-8,
+    kv_bytes_per_token=64 * 8 * 128 * 2 * 2,
 )
 """Qwen3-32B (bf16) on 2 x H100 80GB, tensor parallel 2: the pod of the benchmark anchor.
 
@@ -105,6 +110,8 @@ published llm-d ITL needs a decode step near the H100's bandwidth roofline, fast
   2 bytes = 256 KiB per token; attention reads it at ~4 TB/s over the pod, so a full KV cache
   (307k tokens) adds ~20 ms to a step.
 * ``max_loras`` 1 (vLLM's default), ``lora_load_time`` 0.1 s: the anchor uses no adapters.
+* ``kv_bytes_per_token`` 256 KiB: the figure above (64 layers x 8 KV heads x 128 dims x K and V x 2 bytes),
+  what a P/D transfer moves per prompt token.
 """
 
 TINY = Profile(
@@ -120,9 +127,11 @@ TINY = Profile(
     prefill_cost_per_token=1.0e-5,
     decode_cost_per_seq=1.0e-4,
     kv_read_cost_per_token=1.0e-7,
+    kv_bytes_per_token=16 * 1024,
 )
 """Small and fast, for tests and the demo: 4,096 KV tokens, 16 seats, a 512-token step budget, two LoRA
-slots; a decode step takes a few milliseconds of virtual time.  Not calibrated against anything."""
+slots; a decode step takes a few milliseconds of virtual time; 16 KiB of KV per token.  Not calibrated
+against anything."""
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (QWEN3_32B_H100_TP2, TINY)}
 

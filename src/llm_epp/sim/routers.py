@@ -98,6 +98,10 @@ class Router:
     def on_scrape(self, metrics: Sequence[EngineMetrics], now: float) -> None:
         """Called every ``scrape_interval`` with every pod's current metrics."""
 
+    def upstream_headers(self, request: RoutedRequest) -> Mapping[str, str]:
+        """Headers the router sets on the request it sends to the pod (``x-prefiller-host-port``)."""
+        return {}
+
 
 class RoundRobinRouter(Router):
     name = "round-robin"
@@ -188,7 +192,8 @@ class EppRouter(Router):
     and their names; ``handle.now()`` is the virtual clock.
 
     ``objectives`` (priorities and model rewrites, as in an objectives file), ``recorder``, ``registry`` and
-    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are."""
+    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are; ``pod_labels`` are the
+    endpoints' labels (a prefill/decode pool's role labels)."""
 
     name = "llm-epp"
 
@@ -204,7 +209,10 @@ class EppRouter(Router):
         recorder: Recorder | None = None,
         registry: Registry | None = None,
         disable_subset_filter: bool = False,
+        pod_labels: Sequence[Mapping[str, str]] | None = None,
     ) -> None:
+        if pod_labels is not None and len(pod_labels) != num_pods:
+            raise ValueError(f"pod_labels names {len(pod_labels)} pods, the router has {num_pods}")
         self.scrape_interval = scrape_interval
         self._model = model
         self._clock: Callable[[], float] = lambda: 0.0
@@ -223,7 +231,10 @@ class EppRouter(Router):
         self.config: LoadedConfig = path.config
         self.director: Director = path.director
         self._keys = [EndpointKey("default", f"sim-pod-{i}") for i in range(num_pods)]
-        self.datastore.replace_all(EndpointMetadata(key, pod_address(i), 8000) for i, key in enumerate(self._keys))
+        labels = pod_labels or [{} for _ in range(num_pods)]
+        self.datastore.replace_all(
+            EndpointMetadata(key, pod_address(i), 8000, labels=dict(labels[i])) for i, key in enumerate(self._keys)
+        )
         self._pod_of = {key: i for i, key in enumerate(self._keys)}
         self._client = DirectorClient(self.director)
         self._routed: dict[str, Routed] = {}
@@ -251,6 +262,10 @@ class EppRouter(Router):
         self._routed[request.id] = routed
         return self._pod_of[routed.endpoint.key]
 
+    def upstream_headers(self, request: RoutedRequest) -> Mapping[str, str]:
+        routed = self._routed.get(request.id)
+        return routed.upstream_headers if routed is not None else {}
+
     def on_first_token(self, request: RoutedRequest, pod: int, now: float) -> None:
         self._client.response_started(self._routed[request.id])
 
@@ -277,8 +292,10 @@ def make_router(
     seed: int = 0,
     config_text: str | None = None,
     scrape_interval: float = DEFAULT_SCRAPE_INTERVAL,
+    pod_labels: Sequence[Mapping[str, str]] | None = None,
 ) -> Router:
-    """A fresh router called ``name`` (one of :data:`ROUTERS`) for ``num_pods`` pods."""
+    """A fresh router called ``name`` (one of :data:`ROUTERS`) for ``num_pods`` pods (``pod_labels``: the
+    endpoints' labels, for ``llm-epp``)."""
     if name == "round-robin":
         return RoundRobinRouter(num_pods)
     if name == "random":
@@ -288,5 +305,5 @@ def make_router(
     if name == "locality-bound":
         return LocalityBoundRouter(num_pods)
     if name == "llm-epp":
-        return EppRouter(num_pods, config_text, scrape_interval, seed=seed)
+        return EppRouter(num_pods, config_text, scrape_interval, seed=seed, pod_labels=pod_labels)
     raise KeyError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

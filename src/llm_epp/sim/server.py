@@ -5,7 +5,9 @@ Stdlib asyncio streams, keep-alive, request bodies with ``content-length`` or ch
 vLLM has them; the peer routers' extras as in the team's peers notes):
 
 * ``POST /v1/completions``, ``POST /v1/chat/completions``: JSON with ``usage`` (incl.
-  ``prompt_tokens_details.cached_tokens``) or vLLM-style SSE when ``"stream": true``.  Output length is
+  ``prompt_tokens_details.cached_tokens``) or vLLM-style SSE when ``"stream": true``.  ``kv_transfer_params``
+  as vLLM's NIXL connector takes them (:mod:`llm_epp.sim.disagg`): a prefill leg's JSON answer names the KV
+  to pull; a decode request naming one pulls it (the modelled transfer time) and skips that prefill.  Output length is
   ``max_tokens`` (``max_completion_tokens`` for chat; default 16); the text is synthetic (`` t0 t1 ...``).
   ``model`` selects the base model or a LoRA adapter; unknown models answer 404.
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`, or
@@ -27,6 +29,7 @@ from typing import Any
 import orjson
 
 from llm_epp.sim import tokenizer
+from llm_epp.sim.disagg import RemotePrefill, is_remote_decode, prefill_kv_transfer_params
 from llm_epp.sim.engine import EventKind
 from llm_epp.sim.http import BadHTTPRequest, HTTPRequest, read_request
 from llm_epp.sim.live import LivePod, LiveRequest
@@ -293,8 +296,13 @@ class SimServer:
                 "max_tokens" if len(ids) < limit else "prompt",
             )
         stream = bool(payload.get("stream"))
+        kv_params = payload.get("kv_transfer_params")
+        external = 0
+        if RemotePrefill.parse(kv_params) is not None:  # the prefill ran elsewhere: pull its KV first
+            await pod.pull_kv(ids, lora)
+            external = len(ids)
         try:
-            live = pod.submit(ids, max_tokens, lora, stream=stream)
+            live = pod.submit(ids, max_tokens, lora, stream=stream, external_tokens=external)
         except ValueError as exc:
             raise HTTPError(400, str(exc)) from None
         prefix = "chatcmpl" if chat else "cmpl"
@@ -317,7 +325,17 @@ class SimServer:
                     base["object"] = "text_completion"
                     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
                               "stop_reason": None, "prompt_logprobs": None}  # fmt: skip
-                self._send_json(writer, 200, {**base, "choices": [choice], "usage": usage}, keep_alive)
+                answer = {**base, "choices": [choice], "usage": usage}
+                if is_remote_decode(kv_params):  # a prefill leg: say where the decode pod pulls the KV from
+                    answer["kv_transfer_params"] = prefill_kv_transfer_params(
+                        engine_id=pod.engine_id,
+                        request_id=live.id,
+                        num_prompt_tokens=ev.prompt_tokens,
+                        block_size=pod.profile.block_size,
+                        host=self.host,
+                        port=self.port,
+                    )
+                self._send_json(writer, 200, answer, keep_alive)
         except BaseException:
             pod.abandon(live)
             raise

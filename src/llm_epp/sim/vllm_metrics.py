@@ -40,6 +40,9 @@ E2E_BUCKETS = (
     1920.0, 7680.0,
 )  # fmt: skip
 FINISHED_REASONS = ("stop", "length", "abort")
+NIXL_XFER_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
+"""2 KiB to 8 GiB, every factor of 4."""
 
 
 class Histogram:
@@ -72,6 +75,20 @@ class Histogram:
         return out
 
 
+class KvTransferMetrics:
+    """KV pulls of a decode pod, as vLLM's NIXL connector exports them."""
+
+    __slots__ = ("bytes", "time")
+
+    def __init__(self) -> None:
+        self.time = Histogram(NIXL_XFER_TIME_BUCKETS)
+        self.bytes = Histogram(NIXL_BYTES_BUCKETS)
+
+    def observe(self, seconds: float, nbytes: int) -> None:
+        self.time.observe(seconds)
+        self.bytes.observe(float(nbytes))
+
+
 class PodMetrics:
     """What the live pod observes on top of the engine snapshot (latency histograms, finished requests).
 
@@ -94,6 +111,7 @@ class PodMetrics:
         """Output tokens of finished requests."""
         self.cached_tokens = 0
         """Prompt tokens of finished requests that were served from the prefix cache."""
+        self.kv_transfer = KvTransferMetrics()
 
     def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
         """Count one request that finished normally (``finished_reason="length"``: output = ``max_tokens``)."""
@@ -138,8 +156,17 @@ class Exposition:
         return "\n".join(self.lines) + "\n"
 
 
-def render(model: str, snap: EngineMetrics, pod: PodMetrics, *, lora_enabled: bool, now: float | None = None) -> str:
-    """The text exposition (format 0.0.4) of one pod."""
+def render(
+    model: str,
+    snap: EngineMetrics,
+    pod: PodMetrics,
+    *,
+    lora_enabled: bool,
+    now: float | None = None,
+    kv_transfer: bool = False,
+) -> str:
+    """The text exposition (format 0.0.4) of one pod; ``kv_transfer`` adds the NIXL connector's families
+    (``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_bytes_transferred``, ``vllm:nixl_num_failed_transfers``)."""
     base = f'engine="0",model_name="{escape_label(model)}"'
     out = Exposition(base)
     family, single = out.family, out.single
@@ -182,4 +209,13 @@ def render(model: str, snap: EngineMetrics, pod: PodMetrics, *, lora_enabled: bo
            pod.itl.lines("vllm:inter_token_latency_seconds", base))  # fmt: skip
     family("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.",
            pod.e2e.lines("vllm:e2e_request_latency_seconds", base))  # fmt: skip
+    if kv_transfer:
+        xfer = pod.kv_transfer
+        family("vllm:nixl_xfer_time_seconds", "histogram",
+               "Histogram of transfer duration for NIXL KV Cache transfers.",
+               xfer.time.lines("vllm:nixl_xfer_time_seconds", base))  # fmt: skip
+        family("vllm:nixl_bytes_transferred", "histogram",
+               "Histogram of bytes transferred per NIXL KV Cache transfers.",
+               xfer.bytes.lines("vllm:nixl_bytes_transferred", base))  # fmt: skip
+        single("vllm:nixl_num_failed_transfers", "counter", "Number of failed NIXL KV Cache transfers.", 0)
     return out.text()

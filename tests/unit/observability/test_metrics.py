@@ -575,3 +575,20 @@ def test_families_without_a_feed_appear_once_recorded(rec: PrometheusRecorder) -
     assert get("llm_d_epp_request_ttft_seconds_count", ttft) == 1
     after = exposition(rec)
     assert all(f"# TYPE {n} " in after for n in lazy)
+
+
+def test_rollout_screener_families_appear_once_recorded_and_drop_gone_revisions(rec: PrometheusRecorder) -> None:
+    assert "disaggregatedset" not in exposition(rec)
+    screener = TypedName("disaggregatedset-rollout-screener", "rollout")
+    rec.rollout_strict_no_match(screener, "revision")
+    rec.rollout_strict_no_match(screener, "revision")
+    rec.rollout_revision_shares(screener, "max-role", {"A": 0.9, "B": 0.1, "C": 0.0})
+    get = rec.registry.get_sample_value
+    base = {"plugin_type": "disaggregatedset-rollout-screener", "plugin_name": "rollout"}
+    assert get("llm_d_epp_disaggregatedset_strict_header_no_match_total", {**base, "selector": "revision"}) == 2
+    share = "llm_d_epp_disaggregatedset_revision_gating_share"
+    assert get(share, {**base, "mode": "max-role", "revision": "A"}) == 0.9
+    assert get(share, {**base, "mode": "max-role", "revision": "C"}) == 0.0
+    rec.rollout_revision_shares(screener, "max-role", {"B": 1.0})
+    assert get(share, {**base, "mode": "max-role", "revision": "A"}) is None
+    assert get(share, {**base, "mode": "max-role", "revision": "B"}) == 1.0

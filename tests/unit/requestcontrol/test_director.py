@@ -430,3 +430,35 @@ def test_estimate_tokens_matches_the_reference_formula() -> None:
     assert estimate_tokens(400) == 100 + 150
     assert estimate_tokens(12) == 3 + 5  # 4.5 rounds half away from zero, as in Go
     assert EndpointKey("ns", "a") < EndpointKey("ns", "b")
+
+
+PEER = {"do_remote_prefill": True, "remote_host": "203.0.113.9", "remote_port": 5600, "remote_block_ids": [1]}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kv_transfer_params": PEER},
+        {"kv_transfer_params": {"do_remote_decode": True}},
+        {"bootstrap_host": "203.0.113.9", "bootstrap_port": 8998, "bootstrap_room": 7},
+    ],
+    ids=["nixl-pull", "nixl-hold", "sglang-bootstrap"],
+)
+async def test_a_clients_kv_transfer_fields_never_reach_the_model_server(fields: dict[str, object]) -> None:
+    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 3, **fields}).encode()
+    _, director, _, _, _ = make()
+    decision = await director.route(inp(body))
+    assert decision.body is not None
+    assert json.loads(decision.body) == {"model": "m", "prompt": "hello", "max_tokens": 3}
+    assert not decision.model_rewritten
+    # with a model rewrite as well, both changes are in the forwarded body
+    _, director, _, _, _ = make(objectives=StaticObjectives())
+    decision = await director.route(inp(body))
+    assert decision.body is not None
+    assert json.loads(decision.body) == {"model": "m-v2", "prompt": "hello", "max_tokens": 3}
+    assert decision.model_rewritten
+
+
+async def test_a_body_without_transfer_fields_is_forwarded_as_received() -> None:
+    _, director, _, _, _ = make()
+    assert (await director.route(inp())).body is None
