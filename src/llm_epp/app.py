@@ -415,11 +415,15 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         raise StartupError(f"cannot listen on port {opts.metrics_port} for metrics: {e.strerror}") from None
     for s in servers:
         await s.start()
-    pool, fatal = None, []
+    pool, fatal = None, list[str]()
     if opts.workers > 1:  # ext_proc is served by worker processes over this process's director
         from llm_epp.workers.pool import WorkerPool, WorkerStartError
 
-        pool = WorkerPool(opts, c.director, c.health, on_fatal=lambda why: (fatal.append(why), stop.set()))
+        def workers_failed(why: str) -> None:
+            fatal.append(why)
+            stop.set()
+
+        pool = WorkerPool(opts, c.director, c.health, on_fatal=workers_failed)
         try:
             worker_ports = await pool.start()
         except WorkerStartError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,8 @@ def test_both_workers_share_one_prefix_index(gateway: WorkersGateway) -> None:
     per_worker = _delta(gateway.streams_per_worker(), before)
     assert sorted(per_worker.values()) == [15, 15]  # Envoy alternated the streams between the two workers
     assert served.count(served[0]) == 30  # whichever worker took it, the follow-up went where the prefix is
+    # One /metrics (the serving process's) counts the requests of both workers.
+    assert gateway.epp.wait_metric("inference_objective_request_total", 30) == 30
 
 
 def test_in_flight_load_is_counted_once_for_both_workers(gateway: WorkersGateway, backends: BackendPool) -> None:
@@ -166,3 +169,39 @@ def test_sigterm_drains_in_flight_requests_on_every_worker(backends: BackendPool
         assert log.count("worker_stopped") == 2
     finally:
         gw.stop()
+
+
+def _taken_port_above_a_free_one() -> tuple[socket.socket, int]:
+    """A listening socket on port p + 1 where p was free a moment ago."""
+    for _ in range(50):
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        port: int = taken.getsockname()[1]
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port - 1))
+            except OSError:
+                taken.close()
+                continue
+        taken.listen()
+        return taken, port
+    raise AssertionError("no free port below a free port")
+
+
+def test_a_worker_that_cannot_listen_stops_the_epp_with_the_reason(backends: BackendPool) -> None:
+    taken, port = _taken_port_above_a_free_one()  # worker 1's port; worker 0 gets the one below
+    with taken:
+        epp = EppProcess(
+            "--endpoints",
+            ",".join(backends.addresses),
+            "--secure-serving=false",
+            "--workers",
+            "2",
+            "--grpc-port",
+            str(port - 1),
+            startup_timeout=120,
+        )
+        with pytest.raises(RuntimeError) as failed:
+            epp.start()
+    assert epp.proc is not None and epp.proc.returncode == 1
+    assert f"llm-epp: ext_proc worker 1 could not listen on 127.0.0.1:{port}" in str(failed.value)

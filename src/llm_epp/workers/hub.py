@@ -55,9 +55,7 @@ class _Front:
         if kind == "r":
             rid = m[1]
             inp = RequestInput(m[2], m[3], m[4], m[5], m[6])
-            task = asyncio.get_running_loop().create_task(self._route(rid, inp))
-            if not task.done():
-                self.routing[rid] = task
+            self.routing[rid] = asyncio.get_running_loop().create_task(self._route(rid, inp))
         elif kind == "h":
             rid = m[1]
             handle = self.handles.get(rid)
@@ -76,9 +74,9 @@ class _Front:
                 self.conn.send(("f", rid, {ns: dict(v) for ns, v in metadata.items()}))
         elif kind == "c":
             rid = m[1]
-            task = self.routing.pop(rid, None)
-            if task is not None:
-                task.cancel()
+            pending = self.routing.pop(rid, None)
+            if pending is not None:
+                pending.cancel()
             handle = self.handles.pop(rid, None)
             if handle is not None:
                 self._finish(rid, handle, Outcome(complete=False))

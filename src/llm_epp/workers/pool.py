@@ -110,7 +110,12 @@ class WorkerPool:
         self.procs[index] = proc
         exited = loop.create_future()
         sentinel = proc.sentinel
-        loop.add_reader(sentinel, lambda: exited.done() or exited.set_result(None))
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(sentinel, on_exit)
         try:
             done, _ = await asyncio.wait((ready, exited), timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
