@@ -110,7 +110,9 @@ def run_setup(
     s = row.setup
     epp_args = ["--endpoints", ",".join(addrs), "--secure-serving=false", "-v", "1", "--workers", str(s.workers)]
     with ExitStack() as stack:
-        epp = stack.enter_context(EppProcess(*epp_args, log_path=workdir / f"epp-{time.monotonic_ns()}.log"))
+        epp = stack.enter_context(
+            EppProcess(*epp_args, log_path=workdir / f"epp-{time.monotonic_ns()}.log", startup_timeout=120)
+        )
         ports = epp.ports.get("grpc_workers") or [epp.grpc_port]
         fronts = list(epp.ports.get("worker_pids") or [])  # type: ignore[arg-type]
         pin(epp.pid, s.scheduler_cpu)

@@ -18,8 +18,8 @@ log = logging.getLogger("llm_epp.workers")
 @dataclass(frozen=True)
 class FrontSpec:
     """What a front needs: the options, its index, the port to listen on (0 = any), the serving process's
-    socket and token, whether to wait for finish metadata, its share of the held-bytes bound, the CPU
-    to pin it to (None = not pinned)."""
+    socket and token, whether to wait for finish metadata and for response-header hooks, and its share of
+    the held-bytes bound."""
 
     opts: Options
     index: int
@@ -27,15 +27,13 @@ class FrontSpec:
     socket_path: str
     token: bytes
     finish_metadata: bool
+    response_hooks: bool
     max_held_request_bytes: int
-    cpu: int | None = None
 
 
 def main(spec: FrontSpec) -> None:
     """Process entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the whole group: the parent leads
-    if spec.cpu is not None:
-        os.sched_setaffinity(0, {spec.cpu})
     from llm_epp.observability import configure_logging
     from llm_epp.observability.logging import level_for_flags, stacktrace_level
 
@@ -75,6 +73,7 @@ async def _serve(spec: FrontSpec) -> None:
     servicer = WorkerServicer(
         remote,
         finish_metadata=spec.finish_metadata,
+        response_hooks=spec.response_hooks,
         max_request_body_bytes=o.max_request_body_bytes,
         enable_explain=o.enable_explain,
         max_held_request_bytes=spec.max_held_request_bytes,

@@ -3,7 +3,8 @@ the one Director, so all fronts share one scheduling state.
 
 Messages from a front (first item):
 - `r` (rid, request_id, headers, body, subset, id_generated): route; answered with `d` or `x`.
-- `h` (rid, status, served_endpoint, streaming, headers): response headers; answered with `h`.
+- `h` (rid, status, served_endpoint, streaming, headers, reply): response headers; answered with `h` when
+  `reply`.
 - `f` (rid, complete, status, usage, response_bytes, reply): finish; answered with `f` when `reply`.
 - `c` (rid): the stream ended before its route was answered (cancel it, or end it if it was routed).
 - `e` (model, target, code): an error the front answered itself (413, 503 on held bytes), for metrics.
@@ -60,10 +61,12 @@ class _Front:
             rid = m[1]
             handle = self.handles.get(rid)
             if handle is None:
-                self.conn.send(("h", rid, {}, None))
+                if m[6]:
+                    self.conn.send(("h", rid, {}, None))
                 return
             plan = director.response_received(handle, ResponseSeen(m[2], m[3], m[4], m[5]))
-            self.conn.send(("h", rid, dict(plan.headers), self._reader(plan.reader)))
+            if m[6]:
+                self.conn.send(("h", rid, dict(plan.headers), self._reader(plan.reader)))
         elif kind == "f":
             rid = m[1]
             handle = self.handles.pop(rid, None)

@@ -103,6 +103,7 @@ class WorkerPool:
             socket_path=self._socket,
             token=self._token,
             finish_metadata=self._finish_metadata,
+            response_hooks=bool(self.director.plugins.response_received),
             max_held_request_bytes=max(self.opts.max_held_request_bytes // self.count, 1),
         )
         proc = self._ctx.Process(target=front.main, args=(spec,), name=f"llm-epp-worker-{index}", daemon=True)

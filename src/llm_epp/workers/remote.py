@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.extproc.servicer import FDS, ExtProcServicer
 from llm_epp.framework import Endpoint, EndpointKey, EppError, ErrorCode, InferenceRequest
 from llm_epp.framework.tracing import NULL_TRACER
 from llm_epp.framework.types import ApiKind, EndpointMetadata, ProfileResult, RequestBody, SchedulingResult
@@ -34,9 +34,11 @@ _CODES = {c.value: c for c in ErrorCode}
 
 @dataclass(slots=True, eq=False)
 class RemoteHandle(RequestHandle):
-    """The front's handle of a request the serving process routed: `rid` names it on the connection."""
+    """The front's handle of a request the serving process routed: `rid` names it on the connection;
+    `wants_reader`: the response body comes through the EPP, so its usage reader is wanted."""
 
     rid: int = 0
+    wants_reader: bool = False
 
 
 class SchedulerGone(Exception):
@@ -106,13 +108,19 @@ class RemoteDirector:
             candidates=candidates,
         )
 
-    async def response_received_async(self, handle: RequestHandle, seen: ResponseSeen) -> ResponsePlan:
+    async def response_received_async(
+        self, handle: RequestHandle, seen: ResponseSeen, *, hooks: bool = True
+    ) -> ResponsePlan:
+        """`hooks`: ResponseReceived plugins may add headers. Without them, and without a reader wanted, the
+        serving process is told without waiting for its (empty) answer."""
         if not isinstance(handle, RemoteHandle) or not handle.scheduled:
             return ResponsePlan()
         rid = handle.rid
-        answer = await self._call(
-            ("h", rid, seen.status, seen.served_endpoint, seen.streaming, dict(seen.headers)), rid
-        )
+        message = ("h", rid, seen.status, seen.served_endpoint, seen.streaming, dict(seen.headers))
+        if not hooks and not handle.wants_reader:
+            self.conn.send((*message, False))
+            return ResponsePlan()
+        answer = await self._call((*message, True), rid)
         return ResponsePlan(answer[2], answer[3])
 
     def finish(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
@@ -186,16 +194,24 @@ def _endpoint(fields: tuple[str, str, str, int]) -> Endpoint:
 class WorkerServicer(ExtProcServicer):
     """The ext_proc servicer of a front process. `finish_metadata`: ResponseComplete plugins may add
     response metadata, so the end of a response waits for the serving process's answer (else the end is
-    sent without waiting)."""
+    sent without waiting). `response_hooks`: ResponseReceived plugins may add response headers, so the
+    response headers wait for the serving process's answer (they also do when a usage reader is wanted)."""
 
-    def __init__(self, remote: RemoteDirector, *, finish_metadata: bool, **kwargs: Any) -> None:
+    def __init__(self, remote: RemoteDirector, *, finish_metadata: bool, response_hooks: bool, **kwargs: Any) -> None:
         # RemoteDirector offers what the servicer calls of a Director: route, finish, recorder, tracer.
         super().__init__(cast(Director, remote), tracer=NULL_TRACER, **kwargs)
         self.remote = remote
         self.finish_metadata = finish_metadata
+        self.response_hooks = response_hooks
+
+    async def _on_response_headers(self, st: Any, req: Any, eos: bool) -> bytes:
+        handle = st.handle
+        if isinstance(handle, RemoteHandle):
+            handle.wants_reader = st.resp_mode == FDS  # the servicer reads usage only from streamed bodies
+        return await super()._on_response_headers(st, req, eos)
 
     async def _response_plan(self, handle: RequestHandle, seen: ResponseSeen) -> ResponsePlan:
-        return await self.remote.response_received_async(handle, seen)
+        return await self.remote.response_received_async(handle, seen, hooks=self.response_hooks)
 
     async def _end(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
         if self.finish_metadata:

@@ -115,3 +115,26 @@ async def test_in_flight_load_lives_in_the_serving_process_and_is_released_by_fi
     finally:
         fronts[0].conn.close()
         await hub.stop()
+
+
+async def test_scores_for_explain_and_emit_cross_over_when_asked(tmp_path: Path) -> None:
+    trace = _trace(6)
+    local_director = _director()
+    local = []
+    for i, (prompt, _) in enumerate(trace):
+        d = await local_director.route(_input(i, prompt))
+        local.append(d.endpoint_scores())
+    director = _director()
+    sock = str(tmp_path / "s.sock")
+    hub = Hub(director, HealthState(), TOKEN, with_scores=True, on_ready=lambda i, p: None, on_lost=lambda i: None)
+    await hub.start(sock)
+    remote = RemoteDirector(HealthState())
+    await asyncio.get_running_loop().create_unix_connection(lambda: remote.conn, sock)
+    remote.conn.send_raw(TOKEN)
+    try:
+        through = [(await remote.route(_input(i, prompt))).endpoint_scores() for i, (prompt, _) in enumerate(trace)]
+    finally:
+        remote.conn.close()
+        await hub.stop()
+    assert through == local
+    assert all(len(scores) == 4 for scores in through)
