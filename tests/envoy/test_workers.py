@@ -1,4 +1,5 @@
-"""`llm-epp serve --workers 2` through a real Envoy: two ext_proc worker processes over one scheduling state."""
+"""`llm-epp serve --workers 2` through a real Envoy: two ext_proc worker processes over one scheduling state
+(TLS between Envoy and the workers unless a test says otherwise)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ SYSTEM = "You are a meticulous assistant for a travel agency. " * 120  # ~6,000 
 class WorkersGateway:
     """Envoy -> `llm-epp serve --workers 2` (every worker port an endpoint of the EPP cluster) -> backends."""
 
-    def __init__(self, backends: BackendPool, tmp: Path, *args: str, failure_mode: str = "FailClose") -> None:
-        self.pick_api = PickApiAccess(tmp)
+    def __init__(self, backends: BackendPool, tmp: Path, *args: str, tls: bool = True) -> None:
+        self.pick_api = PickApiAccess(tmp)  # its --cert-path is also the workers' ext_proc certificate
         self.epp = EppProcess(
             "--endpoints",
             ",".join(backends.addresses),
-            "--secure-serving=false",
+            f"--secure-serving={str(tls).lower()}",
             "--workers",
             "2",
             *self.pick_api.args,
@@ -47,8 +48,8 @@ class WorkersGateway:
             admin_port=0,
             epp_port=self.worker_ports[0],
             epp_ports=tuple(self.worker_ports),
-            epp_tls=False,
-            failure_mode=failure_mode,
+            epp_tls=tls,
+            failure_mode="FailClose",
         )
         try:
             self.envoy = EnvoyProcess(build_bootstrap(opts)).start()
@@ -153,7 +154,7 @@ def test_a_worker_that_dies_is_restarted(gateway: WorkersGateway) -> None:
 def test_sigterm_drains_in_flight_requests_on_every_worker(backends: BackendPool, tmp_path: Path) -> None:
     for b in backends:
         b.ttft_s = 1.5  # shorter than the drain (2 s serving, then 2 s for in-flight streams)
-    gw = WorkersGateway(backends, tmp_path, "--drain-timeout", "2s")
+    gw = WorkersGateway(backends, tmp_path, "--drain-timeout", "2s", tls=False)
     try:
         with httpx.Client(timeout=30) as c, ThreadPoolExecutor(6) as pool:
             held = [pool.submit(gw.post, c, f"held {i}") for i in range(6)]

@@ -52,7 +52,7 @@ class _ForwardingRecorder:
         self._remote = remote
 
     def request_error(self, model: str, target: str, code: str) -> None:
-        self._remote.conn.send(("e", model, target, code))
+        self._remote.conn.send_later(("e", model, target, code))
 
 
 class RemoteDirector:
@@ -118,7 +118,7 @@ class RemoteDirector:
         rid = handle.rid
         message = ("h", rid, seen.status, seen.served_endpoint, seen.streaming, dict(seen.headers))
         if not hooks and not handle.wants_reader:
-            self.conn.send((*message, False))
+            self.conn.send_later((*message, False))
             return ResponsePlan()
         answer = await self._call((*message, True), rid)
         return ResponsePlan(answer[2], answer[3])
@@ -129,7 +129,7 @@ class RemoteDirector:
             return NOTHING_TO_ADD
         handle.finished = True
         if isinstance(handle, RemoteHandle):
-            self.conn.send(_finish_message(handle.rid, outcome, False))
+            self.conn.send_later(_finish_message(handle.rid, outcome, False))
         return NOTHING_TO_ADD
 
     async def finish_async(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
@@ -138,7 +138,7 @@ class RemoteDirector:
             return self.finish(handle, outcome)
         handle.finished = True
         if not handle.scheduled:
-            self.conn.send(_finish_message(handle.rid, outcome, False))
+            self.conn.send_later(_finish_message(handle.rid, outcome, False))
             return NOTHING_TO_ADD
         answer = await self._call(_finish_message(handle.rid, outcome, True), handle.rid)
         metadata: Mapping[str, Mapping[str, object]] = answer[2]

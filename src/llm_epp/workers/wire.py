@@ -3,7 +3,8 @@ tuple whose first item names the message. Both ends are processes of this EPP st
 socket lives in a directory only the EPP's user can enter, and a connection must present the per-run token
 before anything is unpickled.
 
-Writes are batched: frames queued during one event-loop iteration go out in one `write` call."""
+Writes are batched: frames queued during one event-loop iteration go out in one `write` call; messages
+nobody waits for ride along with the next one, or leave within `LATER_S`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
 MAX_FRAME = 1 << 30  # a request body can be large (--max-request-body-bytes); nothing legitimate is bigger
 TOKEN_BYTES = 32
+LATER_S = 0.002  # longest delay of a message nobody waits for (in-flight load is released this much later)
 
 
 def encode(message: tuple[Any, ...]) -> bytes:
@@ -43,6 +45,7 @@ class FrameConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._later: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.closed = False
 
@@ -88,6 +91,7 @@ class FrameConnection(asyncio.Protocol):
 
     # --- sending ------------------------------------------------------------------------------------
     def send(self, message: tuple[Any, ...]) -> None:
+        """Queues a message that someone waits for: it leaves at the end of this event-loop turn."""
         if self.closed:
             return
         self._out.append(encode(message))
@@ -95,12 +99,24 @@ class FrameConnection(asyncio.Protocol):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def send_later(self, message: tuple[Any, ...]) -> None:
+        """Queues a message nobody waits for (a request's end, its response status): it leaves with the next
+        urgent message or within LATER_S, so the other process is not woken for it alone."""
+        if self.closed:
+            return
+        self._out.append(encode(message))
+        if not self._flush_scheduled and self._later is None:
+            self._later = asyncio.get_running_loop().call_later(LATER_S, self.flush)
+
     def send_raw(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
 
     def flush(self) -> None:
         self._flush_scheduled = False
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         out, self._out = self._out, []
         if out and self.transport is not None and not self.closed:
             self.transport.write(b"".join(out))
