@@ -695,9 +695,11 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
 def _worker_ports(port: int, workers: int) -> tuple[int, ...]:
     if workers < 1:
         raise ValueError(f"--epp-workers must be at least 1, got {workers}")
+    if workers == 1:
+        return ()  # --epp-port alone (checked with the other options)
     if port + workers - 1 > 65535:
         raise ValueError(f"--epp-port {port} + --epp-workers {workers} runs past port 65535")
-    return tuple(range(port, port + workers)) if workers > 1 else ()
+    return tuple(range(port, port + workers))
 
 
 QUEUE_MARGIN_S = 10.0
