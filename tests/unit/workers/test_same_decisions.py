@@ -138,3 +138,41 @@ async def test_scores_for_explain_and_emit_cross_over_when_asked(tmp_path: Path)
         await hub.stop()
     assert through == local
     assert all(len(scores) == 4 for scores in through)
+
+
+async def test_fronts_follow_the_serving_processs_health(tmp_path: Path) -> None:
+    """Readiness on a worker's port (--health-checking) mirrors the serving process: synced, leader, draining."""
+    health = HealthState(synced=True, leader_election=True, is_leader=True)
+    sock = str(tmp_path / "s.sock")
+    ready: list[tuple[int, int]] = []
+    hub = Hub(
+        _director(),
+        health,
+        TOKEN,
+        with_scores=False,
+        on_ready=lambda i, p: ready.append((i, p)),
+        on_lost=lambda i: None,
+    )
+    await hub.start(sock)
+    mirror = HealthState(leader_election=True)
+    remote = RemoteDirector(mirror)
+    await asyncio.get_running_loop().create_unix_connection(lambda: remote.conn, sock)
+    remote.conn.send_raw(TOKEN)
+    remote.conn.send(("p", 0, 12345))
+    try:
+        for _ in range(100):
+            if mirror.synced:
+                break
+            await asyncio.sleep(0.02)
+        assert ready == [(0, 12345)]
+        assert (mirror.synced, mirror.is_leader, mirror.draining) == (True, True, False)
+        health.is_leader = False  # leadership lost, then a drain
+        health.draining = True
+        for _ in range(100):
+            if mirror.draining:
+                break
+            await asyncio.sleep(0.02)
+        assert (mirror.is_leader, mirror.draining) == (False, True)
+    finally:
+        remote.conn.close()
+        await hub.stop()
