@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
+from tests.envoy import test_flow_control as fc
 from tests.support.pickapi import PickApiAccess
 from tests.support.wait import wait_until
 
@@ -206,3 +209,64 @@ def test_a_worker_that_cannot_listen_stops_the_epp_with_the_reason(backends: Bac
             epp.start()
     assert epp.proc is not None and epp.proc.returncode == 1
     assert f"llm-epp: ext_proc worker 1 could not listen on 127.0.0.1:{port}" in str(failed.value)
+
+
+@pytest.fixture
+def queued_stack(tmp_path: Path) -> Iterator[fc.Stack]:
+    """The flow-control stack of `test_flow_control` (one pod saturated by one request) with two workers."""
+    ref: list[fc.Pod] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fc._handler(ref))
+    pod = fc.Pod(server)
+    ref.append(pod)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    objectives = tmp_path / "objectives.yaml"
+    objectives.write_text(fc.OBJECTIVES)
+    epp = EppProcess(
+        "--endpoints",
+        pod.address,
+        "--secure-serving=false",
+        "--workers",
+        "2",
+        "--config-text",
+        fc.CONFIG % "30s",
+        "--objectives-file",
+        str(objectives),
+        startup_timeout=120,
+    ).start()
+    ports: list[int] = epp.ports["grpc_workers"]  # type: ignore[assignment]
+    opts = EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=ports[0], epp_ports=tuple(ports), epp_tls=False)
+    try:
+        envoy = EnvoyProcess(build_bootstrap(opts)).start()
+    except Exception:
+        epp.stop()
+        raise
+    yield fc.Stack(pod, epp, envoy)
+    for _ in range(20):
+        pod.release.release()
+    envoy.stop()
+    epp.stop()
+    server.shutdown()
+    server.server_close()
+
+
+def test_requests_from_both_workers_wait_in_one_queue_in_priority_order(queued_stack: fc.Stack) -> None:
+    s = queued_stack
+    with ThreadPoolExecutor(6) as pool:
+        first = pool.submit(s.post, "first")
+        assert s.pod.wait_arrivals(1) == ["first"]
+        waiting = []
+        for i, rid in enumerate(("low-1", "low-2")):  # Envoy alternates workers: each queues through another
+            waiting.append(pool.submit(s.post, rid))
+            assert s.epp.wait_metric(fc.QUEUE_SIZE, i + 1) == i + 1
+        with pytest.raises(httpx.ReadTimeout):
+            s.post("impatient", timeout=0.5)  # leaves while queued: its worker cancels it in the serving process
+        assert s.epp.wait_metric(fc.QUEUE_SIZE, 2) == 2
+        urgent = pool.submit(s.post, "urgent", "urgent")
+        assert s.epp.wait_metric(fc.QUEUE_SIZE, 3) == 3
+        for n in (2, 3, 4):
+            s.pod.release.release()  # one finishes (on whichever worker): exactly one more is let through
+            assert len(s.pod.wait_arrivals(n)) == n
+        s.pod.release.release()
+        assert [f.result(30).status_code for f in (first, *waiting, urgent)] == [200] * 4
+    assert s.pod.arrived == ["first", "urgent", "low-1", "low-2"]
+    assert s.queued() == 0
