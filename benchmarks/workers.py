@@ -33,6 +33,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.overhead import BODY, cpu_seconds, direct_response_backends
 from benchmarks.report import command_line, machine
@@ -113,8 +114,9 @@ def run_setup(
         epp = stack.enter_context(
             EppProcess(*epp_args, log_path=workdir / f"epp-{time.monotonic_ns()}.log", startup_timeout=120)
         )
-        ports = epp.ports.get("grpc_workers") or [epp.grpc_port]
-        fronts = list(epp.ports.get("worker_pids") or [])  # type: ignore[arg-type]
+        info: dict[str, Any] = dict(epp.ports)  # with workers it also lists their ports and pids
+        ports: list[int] = info.get("grpc_workers") or [epp.grpc_port]
+        fronts: list[int] = list(info.get("worker_pids") or [])
         pin(epp.pid, s.scheduler_cpu)
         for pid, cpus in zip(fronts, s.front_cpus, strict=True):
             pin(pid, cpus)
@@ -143,6 +145,80 @@ def run_setup(
         restarted = "worker_died" in epp.log()
         if restarted:
             raise RuntimeError(f"a worker died during {s.name}; see {epp.log_path}")
+
+
+def hop_cost(requests: int, concurrency: int) -> list[str]:
+    """The Director alone, in-process vs through the worker path (frames over a Unix socket to a Hub in
+    this same process, one event loop): the hop's cost per request without gRPC or Envoy."""
+    import asyncio
+    import itertools
+    import json
+
+    from llm_epp.composition import build_request_path
+    from llm_epp.datalayer.static import parse_endpoint_list
+    from llm_epp.framework import NullRecorder
+    from llm_epp.framework.plugin import seeded_random
+    from llm_epp.observability import HealthState
+    from llm_epp.requestcontrol.decision import Outcome, RequestInput
+    from llm_epp.workers.hub import Hub
+    from llm_epp.workers.remote import RemoteDirector
+
+    def director() -> Any:
+        path = build_request_path(recorder=NullRecorder(), random_source=seeded_random(1))
+        path.datastore.replace_all(parse_endpoint_list("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"))
+        return path.director
+
+    headers = {":path": "/v1/completions", "content-type": "application/json"}
+    bodies = [json.dumps({"model": "m", "prompt": f"Say hello {i}.", "max_tokens": 8}).encode() for i in range(64)]
+    ids = itertools.count()
+
+    async def drive(route: Any, finish: Any) -> float:
+        async def one() -> None:
+            i = next(ids)
+            d = await route(RequestInput(f"r{i}", headers, bodies[i % 64]))
+            finish(d.handle, Outcome(complete=True, status=200))
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                await one()
+
+        t0 = time.process_time()
+        await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+        return (time.process_time() - t0) * 1e6 / requests
+
+    async def main() -> tuple[float, float]:
+        local = director()
+        in_process = await drive(local.route, local.finish)
+        with tempfile.TemporaryDirectory() as tmp:
+            sock = str(Path(tmp) / "s")
+            hub = Hub(
+                director(),
+                HealthState(),
+                b"t" * 32,
+                with_scores=False,
+                on_ready=lambda i, p: None,
+                on_lost=lambda i: None,
+            )
+            await hub.start(sock)
+            remote = RemoteDirector(HealthState())
+            await asyncio.get_running_loop().create_unix_connection(lambda: remote.conn, sock)
+            remote.conn.send_raw(b"t" * 32)
+            through = await drive(remote.route, remote.finish)
+            remote.conn.close()
+            await hub.stop()
+        return in_process, through
+
+    in_process, through = asyncio.run(main())
+    return [
+        f"Director alone, {requests} requests, {concurrency} in flight, CPU µs per request (both ends of the "
+        "socket in this one process, so the figure is the sum of both sides' work):\n",
+        "| path | CPU µs/request |",
+        "|---|---:|",
+        f"| in-process `Director.route` + `finish` | {in_process:.0f} |",
+        f"| through the worker path (frames, Unix socket, Hub) | {through:.0f} |",
+        f"| the hop | {through - in_process:+.0f} |",
+        "",
+    ]
 
 
 def _med(values: list[float], fmt: str = ".2f") -> str:
@@ -174,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=int, default=8, help="seconds per measurement (default 8)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of alternating setups (default 2)")
     p.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    p.add_argument("--hop-requests", type=int, default=4000, help="requests of the in-process hop measurement")
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
@@ -189,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrk {args.connections} connections, {args.duration} s x {args.rounds} rounds per setup, 3 stand-in model "
         "servers, default config, plaintext, Envoy --concurrency 1 when pinned to one core, 2 when unpinned.\n",
     ]
+    out.extend(hop_cost(args.hop_requests, 32))
     rows = [Row(s) for s in SETUPS]
     t0 = time.monotonic()
     status = 0
