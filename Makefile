@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench-live: $(STAMP)  # real Envoy + simulated pods: round robin, llm-epp, sglan
 
 bench-overhead: $(STAMP)  # added latency and EPP CPU vs Envoy round robin and sglang-router (~10 min)
 	$(BIN)/python -m benchmarks.overhead
+
+bench-workers: $(STAMP)  # 1 vs 2 ext_proc worker processes through Envoy, pinned and unpinned (~3 min)
+	nice -n 10 $(BIN)/python -m benchmarks.workers --output benchmarks/results/workers.md
 
 bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scrape cost (~10 min)
 	$(BIN)/python -m benchmarks.scale

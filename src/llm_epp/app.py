@@ -333,9 +333,7 @@ class _Signals:
             self.stop.set()
 
 
-async def _drain(
-    servers: list[grpc.aio.Server], health: HealthState, drain_timeout: float, force: asyncio.Event
-) -> None:
+async def _drain(servers: list[Any], health: HealthState, drain_timeout: float, force: asyncio.Event) -> None:
     """The reference's graceful shutdown: report not ready at once (liveness stays serving) and keep
     serving new and in-flight streams for `drain_timeout`, so the gateway moves to another replica
     while nothing is refused; then stop accepting and give in-flight streams up to `drain_timeout`
@@ -372,20 +370,23 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         interceptors.append(StreamMetrics(c.recorder.registry).interceptor())
     if shared_guard:
         interceptors.append(guard)
-    server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
-    handlers: list[grpc.GenericRpcHandler] = [c.servicer.handler()]
-    if shared_guard:
-        handlers.append(c.pick.handler())
-    server.add_generic_rpc_handlers(tuple(handlers))
-    if opts.health_checking:
-        add_health_service(server, c.health)
     address = f"{opts.bind_address}:{opts.grpc_port}"
     creds = _credentials(opts)
-    try:
-        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    except RuntimeError as e:
-        raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
-    servers = [server]
+    servers: list[Any] = []  # grpc.aio.Server, or the worker pool (same start/stop)
+    port = 0
+    if opts.workers <= 1:
+        server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
+        handlers: list[grpc.GenericRpcHandler] = [c.servicer.handler()]
+        if shared_guard:
+            handlers.append(c.pick.handler())
+        server.add_generic_rpc_handlers(tuple(handlers))
+        if opts.health_checking:
+            add_health_service(server, c.health)
+        try:
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
+        servers.append(server)
     pick_port = port if shared_guard else 0
     if guard is not None and opts.pick_api_port:
         pick_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
@@ -414,10 +415,28 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         raise StartupError(f"cannot listen on port {opts.metrics_port} for metrics: {e.strerror}") from None
     for s in servers:
         await s.start()
+    pool, fatal = None, list[str]()
+    if opts.workers > 1:  # ext_proc is served by worker processes over this process's director
+        from llm_epp.workers.pool import WorkerPool, WorkerStartError
+
+        def workers_failed(why: str) -> None:
+            fatal.append(why)
+            stop.set()
+
+        pool = WorkerPool(opts, c.director, c.health, on_fatal=workers_failed)
+        try:
+            worker_ports = await pool.start()
+        except WorkerStartError as e:
+            metrics.stop()
+            await health_server.stop(None)
+            await asyncio.gather(*(s.stop(None) for s in servers))
+            raise StartupError(str(e)) from None
+        port = worker_ports[0]
+        servers.append(pool)
     c.health.synced = c.datastore.synced
     log.info(
-        "serving grpc_port=%d health_port=%d metrics_port=%d tls=%s endpoints=%d pick_api=%s",
-        port,
+        "serving grpc_port=%s health_port=%d metrics_port=%d tls=%s endpoints=%d pick_api=%s",
+        ",".join(map(str, pool.ports)) if pool is not None else port,
         health_port,
         metrics.port,
         creds is not None,
@@ -425,9 +444,11 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         f"port {pick_port}" if guard is not None else "off",
     )
     if opts.ports_file:
-        ports = {"grpc": port, "health": health_port, "metrics": metrics.port}
+        ports: dict[str, Any] = {"grpc": port, "health": health_port, "metrics": metrics.port}
         if guard is not None:
             ports["pick"] = pick_port
+        if pool is not None:
+            ports["grpc_workers"], ports["worker_pids"] = pool.ports, pool.pids
         await asyncio.to_thread(_write_ports, opts.ports_file, ports)
     loop = asyncio.get_running_loop()
     discovery = _KubernetesDiscovery(api, opts, c, loop) if opts.pool_name or opts.endpoint_selector else None
@@ -464,6 +485,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 task.cancel()
     finally:
         metrics.stop()
+        if pool is not None and not pool.stopped:
+            await pool.stop(None)
         if metrics_api is not None:
             metrics_api.close()
         shutdown_tracer(c.tracer)  # exports the spans still buffered
@@ -471,6 +494,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             await discovery.stop()
         if api is not None:
             api.close()
+    if fatal:
+        raise StartupError(f"stopped: {fatal[0]}")
 
 
 class _KubernetesDiscovery:
@@ -570,7 +595,7 @@ class _KubernetesDiscovery:
             await asyncio.to_thread(self.elector.stop)  # releases the lease for a follower to take at once
 
 
-def _write_ports(path: str, ports: dict[str, int]) -> None:
+def _write_ports(path: str, ports: dict[str, Any]) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(ports))
     tmp.replace(path)

@@ -472,6 +472,13 @@ def _pick_api_and_shutdown_flags(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM: report not ready and keep serving this long, then stop accepting and give in-flight "
         "streams as long again to finish (default 30s; 0 stops at once)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="ext_proc worker processes sharing this process's scheduling state, on ports --grpc-port .. "
+        "--grpc-port+N-1 (list them all as EPP endpoints: llm-epp envoy-config --epp-workers N); default 1",
+    )
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -536,6 +543,7 @@ def _options(args: argparse.Namespace) -> Options:
         pick_api_lease_ttl=args.pick_api_lease_ttl,
         pick_api_max_lease_ttl=args.pick_api_max_lease_ttl,
         drain_timeout=args.drain_timeout,
+        workers=args.workers,
     )
 
 
@@ -636,6 +644,9 @@ def _metrics_tls_problems(opts: Options) -> list[str]:
     return problems
 
 
+MAX_WORKERS = 64
+
+
 def check_options(opts: Options) -> list[str]:
     """Problems with a flag combination, each saying how to fix it."""
     problems = []
@@ -676,6 +687,7 @@ def check_options(opts: Options) -> list[str]:
     if not 0 <= opts.model_server_metrics_port <= 65535:
         problems.append("--model-server-metrics-port must be between 0 and 65535")
     problems.extend(_metrics_tls_problems(opts))
+    problems.extend(worker_problems(opts))
     try:
         check_min_version(opts.tls_min_version)
     except TlsPolicyError as e:
@@ -691,6 +703,44 @@ def check_options(opts: Options) -> list[str]:
     ):
         if not 0 <= port <= 65535:
             problems.append(f"{name} must be between 0 and 65535")
+    return problems
+
+
+def worker_problems(opts: Options) -> list[str]:
+    """`--workers N`: what worker processes cannot do, and ports that would collide."""
+    if opts.workers == 1:
+        return []
+    if not 1 <= opts.workers <= MAX_WORKERS:
+        return [f"--workers must be between 1 and {MAX_WORKERS}, got {opts.workers}"]
+    problems = []
+    for flag, given, why in (
+        (
+            "--enable-grpc-stream-metrics",
+            opts.enable_grpc_stream_metrics,
+            "the stream counters live in the worker processes, not on the metrics port",
+        ),
+        (
+            "--enable-pick-api without --pick-api-port",
+            opts.enable_pick_api and not opts.pick_api_port,
+            "the ext_proc ports belong to the workers; give the API its own --pick-api-port",
+        ),
+    ):
+        if given:
+            problems.append(f"{flag} is not supported with --workers {opts.workers}: {why}")
+    if opts.grpc_port:
+        worker_ports = range(opts.grpc_port, opts.grpc_port + opts.workers)
+        if worker_ports[-1] > 65535:
+            problems.append(f"--grpc-port {opts.grpc_port} + --workers {opts.workers} runs past port 65535")
+        for flag, port in (
+            ("--grpc-health-port", opts.grpc_health_port),
+            ("--metrics-port", opts.metrics_port),
+            ("--pick-api-port", opts.pick_api_port),
+        ):
+            if port and port in worker_ports:
+                problems.append(
+                    f"{flag} {port} collides with the ext_proc worker ports {worker_ports[0]}-{worker_ports[-1]} "
+                    f"(--grpc-port {opts.grpc_port}, --workers {opts.workers}): move {flag} outside that range"
+                )
     return problems
 
 

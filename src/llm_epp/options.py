@@ -73,3 +73,5 @@ class Options:
     pick_api_lease_ttl: float = 60.0
     pick_api_max_lease_ttl: float = 600.0
     drain_timeout: float = 30.0
+    # ext_proc worker processes over one scheduling state (1 = served by this process)
+    workers: int = 1

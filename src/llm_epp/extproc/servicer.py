@@ -27,7 +27,14 @@ from llm_epp.extproc import headers as h
 from llm_epp.framework import EppError, ErrorCode
 from llm_epp.framework.parsing import ResponseReader
 from llm_epp.framework.tracing import CURRENT_TRACE, RequestTrace, Tracer
-from llm_epp.requestcontrol.decision import Outcome, RequestDropped, RequestInput, ResponseSeen, RoutingDecision
+from llm_epp.requestcontrol.decision import (
+    Outcome,
+    RequestDropped,
+    RequestInput,
+    ResponsePlan,
+    ResponseSeen,
+    RoutingDecision,
+)
 from llm_epp.requestcontrol.director import Director
 from llm_epp.requestcontrol.lifecycle import RequestHandle
 from llm_epp.requestcontrol.model_restore import ModelNameRestorer
@@ -203,7 +210,7 @@ class ExtProcServicer:
                 eos = req.response_headers.end_of_stream
                 if eos:
                     st.response_done = True
-                await write(self._on_response_headers(st, req, eos))
+                await write(await self._on_response_headers(st, req, eos))
                 if st.response_done:
                     return
             elif kind == "request_trailers":
@@ -213,7 +220,7 @@ class ExtProcServicer:
                 await write(codec.REQUEST_TRAILERS)
             elif kind == "response_trailers":
                 st.response_done = True
-                await write(codec.RESPONSE_TRAILERS + self._finish(st))
+                await write(codec.RESPONSE_TRAILERS + await self._finish(st))
                 return
 
     # --- request side ---------------------------------------------------------------------------------
@@ -309,7 +316,7 @@ class ExtProcServicer:
         return err
 
     # --- response side --------------------------------------------------------------------------------
-    def _on_response_headers(self, st: _Stream, req: Any, eos: bool) -> bytes:
+    async def _on_response_headers(self, st: _Stream, req: Any, eos: bool) -> bytes:
         handle = st.handle
         if handle is None:
             return codec.response_headers_response({}, ())
@@ -326,7 +333,7 @@ class ExtProcServicer:
             streaming="text/event-stream" in headers.get(h.CONTENT_TYPE, ""),
             headers=headers,
         )
-        plan = self.director.response_received(handle, seen)
+        plan = await self._response_plan(handle, seen)
         set_headers: dict[str, str] = dict(plan.headers)
         remove: list[str] = []
         if h.DESTINATION_SERVED in headers:
@@ -339,7 +346,7 @@ class ExtProcServicer:
                 remove.append(h.CONTENT_LENGTH)  # restoring the model name may change the length
         else:
             st.restorer = None
-        metadata = self.director.finish(handle, self._outcome(st, True)) if eos else None
+        metadata = await self._end(handle, self._outcome(st, True)) if eos else None
         return codec.response_headers_response(set_headers, remove, metadata)
 
     async def _on_response_body(self, st: _Stream, write: Any, body: bytes, eos: bool) -> bool:
@@ -350,7 +357,7 @@ class ExtProcServicer:
         tail = b""
         if eos:
             st.response_done = True
-            tail = self._finish(st)
+            tail = await self._finish(st)
         if st.resp_mode == FDS:
             restorer = st.restorer
             if restorer is not None:
@@ -366,13 +373,21 @@ class ExtProcServicer:
             await write(codec.EMPTY_RESPONSE_BODY + tail)
         return eos
 
-    def _finish(self, st: _Stream) -> bytes:
+    async def _finish(self, st: _Stream) -> bytes:
         """Ends the request in the director before the last answer is written, so the response metadata the
         ResponseComplete hooks produce rides on that answer."""
         handle = st.handle
         if handle is None or handle.finished:
             return b""
-        return codec.dynamic_metadata(self.director.finish(handle, self._outcome(st, True)))
+        return codec.dynamic_metadata(await self._end(handle, self._outcome(st, True)))
+
+    async def _response_plan(self, handle: RequestHandle, seen: ResponseSeen) -> ResponsePlan:
+        """The director's answer to the response headers (awaitable, so a director in another process fits)."""
+        return self.director.response_received(handle, seen)
+
+    async def _end(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
+        """Ends the request in the director; returns the response metadata (awaitable, as above)."""
+        return self.director.finish(handle, outcome)
 
     @staticmethod
     def _outcome(st: _Stream, complete: bool) -> Outcome:

@@ -115,6 +115,7 @@ class EnvoyConfigOptions:
     admin_port: int = 19000
     epp_address: str = "127.0.0.1"
     epp_port: int = 9002
+    epp_ports: tuple[int, ...] = ()  # every ext_proc port of the EPP (`serve --workers N`); () = epp_port alone
     epp_tls: bool = True
     failure_mode: str = "FailOpen"
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
@@ -143,6 +144,9 @@ class EnvoyConfigOptions:
                 raise ValueError(f"{name} must not be empty")
         for endpoint in self.fallback_endpoints:
             parse_endpoint(endpoint)
+        for port in self.epp_ports:
+            if not 0 < port <= 65535:
+                raise ValueError(f"EPP worker ports must be in 1..65535, got {port}")
         if self.no_epp and not self.fallback_endpoints:
             raise ValueError("no_epp (--no-epp) needs fallback endpoints (--endpoints ip:port,...)")
         if not 0 < self.message_timeout_s <= _MAX_MESSAGE_TIMEOUT_S:
@@ -437,7 +441,11 @@ def epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
-        "load_assignment": _load_assignment(EPP_CLUSTER, [(opts.epp_address, opts.epp_port)]),
+        # One endpoint per EPP worker process: Envoy opens a connection to each from every worker thread and
+        # round-robins the ext_proc streams over them, so the processes share the load evenly.
+        "load_assignment": _load_assignment(
+            EPP_CLUSTER, [(opts.epp_address, port) for port in (opts.epp_ports or (opts.epp_port,))]
+        ),
     }
     if opts.failure_mode == "FailOpen":
         cluster.update(_epp_fail_open_health())
@@ -581,6 +589,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--epp-address", default=d.epp_address, help="EPP gRPC address (IP or DNS name)")
     g.add_argument("--epp-port", type=int, default=d.epp_port, help="EPP gRPC port")
     g.add_argument(
+        "--epp-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the EPP runs with --workers N: its ext_proc ports are --epp-port .. --epp-port+N-1 (default 1)",
+    )
+    g.add_argument(
         "--epp-tls",
         action=argparse.BooleanOptionalAction,
         default=d.epp_tls,
@@ -662,6 +677,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
         "admin_port": args.admin_port,
         "epp_address": args.epp_address,
         "epp_port": args.epp_port,
+        "epp_ports": _worker_ports(args.epp_port, args.epp_workers),
         "epp_tls": args.epp_tls,
         "failure_mode": args.failure_mode,
         "request_body_mode": args.request_body_mode,
@@ -674,6 +690,16 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
         "max_request_bytes": args.max_request_bytes,
     }
     return EnvoyConfigOptions(**values)
+
+
+def _worker_ports(port: int, workers: int) -> tuple[int, ...]:
+    if workers < 1:
+        raise ValueError(f"--epp-workers must be at least 1, got {workers}")
+    if workers == 1:
+        return ()  # --epp-port alone (checked with the other options)
+    if port + workers - 1 > 65535:
+        raise ValueError(f"--epp-port {port} + --epp-workers {workers} runs past port 65535")
+    return tuple(range(port, port + workers))
 
 
 QUEUE_MARGIN_S = 10.0
