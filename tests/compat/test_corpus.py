@@ -44,10 +44,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
         "test/perf/config/router-configs/precise-prefix.yaml",
         frozenset({"endpoint-notification-source", NOTIFICATION_EXTRACTOR}),
     ),
-    "router-gpu-attributes.yaml": (
-        f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
-        frozenset({"dcgm-data-source", "dcgm-extractor", "endpoint-attribute-filter", "endpoint-attribute-scorer"}),
-    ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
         frozenset({EVICTION}),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import BodyExtractor, DataSource, EndpointDiscovery, Extractor, PageAttributeExtractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
@@ -41,6 +41,9 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     ResponseComplete,
     DataSource,
     Extractor,
+    PageAttributeExtractor,
+    BodyExtractor,
+    EndpointDiscovery,
     Parser,
     Decider,
 )
@@ -153,6 +156,19 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "disagg-headers-handler": {"prefillProfile": "prefill", "encodeProfile": "encode"},
     "prefill-header-handler": {"prefillProfile": "prefill"},
     "context-length-aware": {"label": "llm-d.ai/context-length-range", "enableFiltering": True},
+    "dcgm-data-source": {"port": 9400, "useNodeAddress": True, "interval": "1s"},
+    "models-data-source": {"scheme": "http", "path": "/v1/models", "insecureSkipVerify": True, "interval": "5s"},
+    "endpoint-attribute-filter": {
+        "attribute": "GPUUtilization/dcgm-extractor",
+        "onMissing": "Pass",
+        "fallbackOnEmpty": True,
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThanOrEqual", "value": 0.90}},
+    },
+    "endpoint-attribute-scorer": {
+        "attributeKey": "GPUUtilization/dcgm-extractor",
+        "algorithm": {"type": "linear_lower_is_better", "normalization": {"fixedRange": {"min": 0.0, "max": 1.0}}},
+    },
+    "file-discovery": {"path": "/etc/epp/endpoints.yaml", "watchFile": True},
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
@@ -162,6 +178,9 @@ REQUIRED_PARAMS: dict[str, str] = {
     "request-attribute-reporter": "exactly one entry",
     "priority-holdback-policy": "minCeiling",
     "utilization-filter": "conditions",
+    "endpoint-attribute-filter": "attribute",
+    "endpoint-attribute-scorer": "attributeKey",
+    "file-discovery": "path",
 }
 
 

@@ -20,7 +20,15 @@ from llm_epp.flowcontrol.config import (
     FlowControlConfig,
 )
 from llm_epp.framework import Plugin, Registry
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import (
+    PAYLOAD_JSON,
+    BodyExtractor,
+    DataSource,
+    EndpointDiscovery,
+    Extractor,
+    PageAttributeExtractor,
+    source_payload,
+)
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
@@ -38,10 +46,11 @@ DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
 @dataclass(frozen=True, slots=True)
 class DataSourceBinding:
-    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order."""
+    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order (a metrics
+    `Extractor`, `PageAttributeExtractor`s or `BodyExtractor`s)."""
 
     source: DataSource
-    extractors: tuple[Extractor, ...]
+    extractors: tuple[Plugin, ...]
 
 
 def resolve_parsers(
@@ -136,12 +145,6 @@ def resolve_data_layer(
     if dl is None:
         inject = True
     else:
-        if dl.discovery is not None:
-            problems.append(
-                "dataLayer.discovery: endpoint discovery plugins (llm-d-router's file-discovery) are not supported "
-                "yet; llm-epp discovers endpoints from the InferencePool (--pool-name), --endpoints or "
-                "--endpoints-file"
-            )
         if dl.cross_replica_syncer_plugin_ref or dl.cross_replica_sync_interval:
             problems.append(
                 "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data across EPP replicas is not "
@@ -150,14 +153,14 @@ def resolve_data_layer(
         for i, src in enumerate(dl.sources):
             where = f"dataLayer.sources[{i}]"
             source_plugin = plugins.get(src.plugin_ref)
-            extractors: list[Extractor] = []
+            extractors: list[Plugin] = []
             for j, ex in enumerate(src.extractors):
                 ex_plugin = plugins.get(ex.plugin_ref)
                 if ex_plugin is None and ex.plugin_ref in declared:
                     continue
                 if ex_plugin is None:
                     problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
-                elif not isinstance(ex_plugin, Extractor):
+                elif not isinstance(ex_plugin, Extractor | PageAttributeExtractor | BodyExtractor):
                     problems.append(
                         f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
                         "extractor"
@@ -169,12 +172,9 @@ def resolve_data_layer(
                     problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
             elif not isinstance(source_plugin, DataSource):
                 problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
-            elif len(src.extractors) != 1:
-                problems.append(
-                    f"{where}.extractors: a metrics source needs exactly one extractor (e.g. core-metrics-extractor); "
-                    "several extractors on one source are not supported yet"
-                )
-            elif extractors:
+            elif not src.extractors:
+                problems.append(f"{where}.extractors: a data source needs at least one extractor")
+            elif _check_extractors(where, source_plugin, extractors, types, problems):
                 out.append(DataSourceBinding(source_plugin, tuple(extractors)))
         if dl.inject_defaults is not None:
             inject = dl.inject_defaults
@@ -187,12 +187,66 @@ def resolve_data_layer(
         default_extractor = plugins.get(DEFAULT_EXTRACTOR) or add_default(DEFAULT_EXTRACTOR)
         if isinstance(default_source, DataSource) and isinstance(default_extractor, Extractor):
             out.append(DataSourceBinding(default_source, (default_extractor,)))
-    if len(out) > 1:
+    feeding = [b for b in out if any(isinstance(e, Extractor) for e in b.extractors)]
+    if len(feeding) > 1:
         problems.append(
-            f"dataLayer.sources: {len(out)} polled metrics sources are configured "
-            f"({', '.join(b.source.typed_name.name for b in out)}); more than one is not supported yet"
+            f"dataLayer.sources: {len(feeding)} sources feed a metrics extractor "
+            f"({', '.join(b.source.typed_name.name for b in feeding)}); more than one is not supported yet"
         )
     return out
+
+
+def resolve_discovery(
+    spec: EndpointPickerConfigSpec,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    problems: list[str],
+    declared: set[str],
+) -> EndpointDiscovery | None:
+    """`dataLayer.discovery.pluginRef`: a declared endpoint-discovery plugin (`file-discovery`)."""
+    dl = spec.data_layer
+    if dl is None or dl.discovery is None:
+        return None
+    ref = dl.discovery.plugin_ref
+    plugin = plugins.get(ref)
+    if plugin is None:
+        if ref not in declared:
+            problems.append(
+                f"dataLayer.discovery.pluginRef: no plugin named {ref!r} is defined; declare it under plugins "
+                "(e.g. type file-discovery with parameters.path)"
+            )
+        return None
+    if not isinstance(plugin, EndpointDiscovery):
+        problems.append(f"dataLayer.discovery.pluginRef: {ref!r} ({types[ref]}) is not an endpoint discovery plugin")
+        return None
+    return plugin
+
+
+def _check_extractors(
+    where: str, source: DataSource, extractors: list[Plugin], types: dict[str, str], problems: list[str]
+) -> bool:
+    """Each extractor must read what the source returns (a Prometheus page or a JSON body), and no type
+    twice on one source (as upstream)."""
+    ok = True
+    json = source_payload(source) == PAYLOAD_JSON
+    seen: set[str] = set()
+    for ex in extractors:
+        name = ex.typed_name.name
+        ex_type = types.get(name, ex.typed_name.type)
+        if ex_type in seen:
+            problems.append(f"{where}.extractors: extractor type {ex_type!r} is listed twice for this source")
+            ok = False
+        seen.add(ex_type)
+        reads_json = isinstance(ex, BodyExtractor)
+        if reads_json != json:
+            src_name = source.typed_name.name
+            what = "a JSON answer" if json else "a Prometheus metrics page"
+            problems.append(
+                f"{where}.extractors: {name!r} ({ex_type}) cannot read what {src_name!r} "
+                f"({types.get(src_name, source.typed_name.type)}) returns ({what})"
+            )
+            ok = False
+    return ok
 
 
 def resolve_flow_control(

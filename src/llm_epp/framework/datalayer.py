@@ -5,6 +5,15 @@ swaps the result into the datastore; plugins stay free of I/O.
 A poll cycle for one endpoint: `url = source.url(md)` → fetch → parse only `extractor.families(md)` →
 `extractor.extract(page, md, current, now)` → `Extraction.metrics` replaces the endpoint's metrics.
 
+Sources and extractors that publish endpoint attributes (read by scheduling plugins from
+`Endpoint.attributes`): a `PageAttributeExtractor` reads a parsed Prometheus page, a `BodyExtractor` the raw
+body of a source whose `payload` is `"json"`. Each `dataLayer.sources` entry is polled on its own, every
+`interval` seconds when the source sets one (0: every base tick). Optional members of a `DataSource`:
+`payload` (`"prometheus"` when absent) and `interval` (seconds; 0 when absent).
+
+Event-driven extractors (`EndpointEventExtractor`) are handed endpoint add/update/delete events by an
+endpoint notification source instead of polling.
+
 Freshness is `Metrics.update_time` (monotonic seconds, 0 = never scraped); consumers that must not
 trust old numbers use `is_stale`.
 """
@@ -83,6 +92,80 @@ class Extractor(Protocol):
         ...
 
     def extract(self, page: ScrapedPage, endpoint: EndpointMetadata, current: Metrics, now: float) -> Extraction: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeExtraction:
+    """What an attribute extractor made of one poll: values by attribute name, and what was wrong."""
+
+    values: Mapping[str, object] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class PageAttributeExtractor(Protocol):
+    """Publishes endpoint attributes from a Prometheus page. Pure and synchronous."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def families(self, endpoint: EndpointMetadata) -> frozenset[str]: ...
+
+    def extract_attributes(self, page: ScrapedPage, endpoint: EndpointMetadata) -> AttributeExtraction: ...
+
+
+@runtime_checkable
+class BodyExtractor(Protocol):
+    """Publishes endpoint attributes from the raw body of a non-Prometheus source (JSON). Pure."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def extract_body(self, body: bytes, endpoint: EndpointMetadata) -> AttributeExtraction: ...
+
+
+PAYLOAD_PROMETHEUS = "prometheus"
+PAYLOAD_JSON = "json"
+
+
+def source_payload(source: DataSource) -> str:
+    """What a source's answers are: `"prometheus"` (text exposition, the default) or `"json"`."""
+    payload = getattr(source, "payload", PAYLOAD_PROMETHEUS)
+    return payload if isinstance(payload, str) else PAYLOAD_PROMETHEUS
+
+
+def source_interval(source: DataSource) -> float:
+    """A source's own poll period in seconds; 0 means every base tick (`--refresh-metrics-interval`)."""
+    value = getattr(source, "interval", 0.0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredEndpoints:
+    """What a discovery plugin made of its input: the endpoints, and the entries it skipped (why)."""
+
+    endpoints: tuple[EndpointMetadata, ...]
+    problems: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class EndpointDiscovery(Protocol):
+    """A `dataLayer.discovery` plugin reading endpoints from a file: `path`, whether to reload it when it
+    changes (`watch_file`), and how to read its text (pure). The data layer does the reading and applies
+    the result to the datastore."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def watch_file(self) -> bool: ...
+
+    def parse_endpoints(self, text: str) -> DiscoveredEndpoints:
+        """Raises ValueError when the file as a whole cannot be read (not YAML/JSON, wrong shape)."""
+        ...
 
 
 def is_stale(metrics: Metrics, now: float, threshold: float = DEFAULT_STALENESS) -> bool:

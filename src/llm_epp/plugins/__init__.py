@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from llm_epp.framework import Registry
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
-from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
+from llm_epp.plugins.datalayer import (
+    core_metrics_extractor,
+    dcgm_data_source,
+    dcgm_extractor,
+    file_discovery,
+    metrics_data_source,
+    models_data_extractor,
+    models_data_source,
+)
 from llm_epp.plugins.disagg import (
     always_disagg_multimodal_decider,
     always_disagg_pd_decider,
@@ -51,6 +59,8 @@ from llm_epp.plugins.scheduling import (
     by_label,
     by_label_selector,
     concurrency_detector,
+    endpoint_attribute_filter,
+    endpoint_attribute_scorer,
     header_based_testing_filter,
     header_label_affinity_scorer,
     header_profile_handler,
@@ -146,13 +156,20 @@ _MODULES = (
     latency_scorer,
     slo_headroom_tier_filter,
     latency_slo_admitter,
+    dcgm_data_source,
+    dcgm_extractor,
+    models_data_source,
+    models_data_extractor,
+    endpoint_attribute_filter,
+    endpoint_attribute_scorer,
+    file_discovery,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
-_DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
+_DATA = "endpoint discovery and notification data sources, and topology-aware routing"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
 
@@ -211,16 +228,9 @@ UNSUPPORTED: dict[str, str] = {
         (
             "endpoint-notification-source",
             "k8s-notification-source",
-            "file-discovery",
-            "models-data-source",
-            "models-data-extractor",
-            "dcgm-data-source",
-            "dcgm-extractor",
             "topology-extractor",
             "topology-affinity-filter",
             "topology-affinity-scorer",
-            "endpoint-attribute-filter",
-            "endpoint-attribute-scorer",
         ),
         _DATA,
     ),

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from llm_epp.framework import EndpointKey, EndpointMetadata
-from llm_epp.framework.datalayer import DataSource
+from llm_epp.framework.datalayer import PAYLOAD_JSON, DataSource, source_payload
 from llm_epp.plugins.datalayer.models_data_source import ModelsDataSource, Params
 
 
@@ -18,7 +18,14 @@ def test_url() -> None:
     assert ModelsDataSource("m", Params(scheme="https", path="models")).url(md) == "https://[fd00::5]:8000/models"
 
 
-@pytest.mark.parametrize("raw", [{"interval": "5s"}, {"caCertPath": "/ca.crt"}], ids=["interval", "ca"])
+def test_interval_and_json_payload() -> None:
+    source = ModelsDataSource("models", Params.model_validate({"interval": "5s"}))
+    assert source.interval == 5.0
+    assert source_payload(source) == PAYLOAD_JSON
+    assert ModelsDataSource("models", Params()).interval == 0.0
+
+
+@pytest.mark.parametrize("raw", [{"clientCertPath": "/c.crt"}, {"caCertPath": "/ca.crt"}], ids=["mtls", "ca"])
 def test_unsupported_options_are_refused(raw: dict[str, object]) -> None:
     with pytest.raises(ValidationError, match="not supported yet"):
         Params.model_validate(raw)

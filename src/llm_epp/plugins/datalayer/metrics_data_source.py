@@ -14,10 +14,13 @@ Configuration:
     path (default "/metrics"): URL path of the metrics page; a missing leading "/" is added.
     insecureSkipVerify (default true): with https, do not verify the model server's certificate.
     port (int in [1, 65535], optional): scrape this port instead of the endpoint's (or its metrics port).
+    interval (Go duration, optional): this source's scrape period, rounded to the nearest multiple of the
+        data layer's base tick (`--refresh-metrics-interval`, lowered to the smallest source interval, not
+        below 50 ms); omitted: every base tick.
 
     Not supported yet (refused with a message): `caCertPath`, `clientCertPath` / `clientKeyPath` (TLS
-    verification against a CA bundle, mTLS) and `interval` (a scrape period per source): the data-layer
-    runtime builds one TLS context (verify or skip) and polls every source at `--refresh-metrics-interval`.
+    verification against a CA bundle, mTLS): a source either verifies against the system CAs or skips
+    verification (insecureSkipVerify).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import EndpointMetadata, Handle, PluginParams, TypedName
-from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.types import join_host_port
+from llm_epp.plugins.datalayer._interval import check_interval, interval_seconds
 
 TYPE = "metrics-data-source"
 DEFAULT_PATH = "/metrics"
@@ -47,8 +50,7 @@ class Params(PluginParams):
     @field_validator("interval")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if value:
-            parse_go_duration(value)
+        check_interval(value)
         return value
 
     @model_validator(mode="after")
@@ -61,14 +63,14 @@ class Params(PluginParams):
                 ("caCertPath", self.ca_cert_path),
                 ("clientCertPath", self.client_cert_path),
                 ("clientKeyPath", self.client_key_path),
-                ("interval", self.interval),
             )
             if value
         ]
         if unsupported:
             raise ValueError(
-                f"{', '.join(unsupported)} not supported yet: metrics are scraped every --refresh-metrics-interval "
-                "with one TLS setting (insecureSkipVerify); remove the parameter"
+                f"{', '.join(unsupported)} not supported yet: a source verifies the model server against the "
+                "system CAs, or not at all with insecureSkipVerify, and presents no client certificate; remove "
+                "the parameter"
             )
         return self
 
@@ -81,9 +83,11 @@ class MetricsDataSource:
         path: str = DEFAULT_PATH,
         insecure_skip_verify: bool = True,
         port: int | None = None,
+        interval: float = 0.0,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.port = port
+        self.interval = interval
         self.scheme = scheme
         self.path = path if path.startswith("/") else "/" + path
         self._insecure_skip_verify = insecure_skip_verify
@@ -105,4 +109,6 @@ class MetricsDataSource:
 
 
 def factory(name: str, params: Params, handle: Handle) -> MetricsDataSource:
-    return MetricsDataSource(name, params.scheme, params.path, params.insecure_skip_verify, params.port)
+    return MetricsDataSource(
+        name, params.scheme, params.path, params.insecure_skip_verify, params.port, interval_seconds(params.interval)
+    )
