@@ -173,6 +173,18 @@ def build(opts: Options) -> Components:
     except (TypeError, ValueError) as e:
         raise StartupError(f"dataLayer: {e}") from None
     runtime = data_layer.metrics
+    if data_layer.object_events and (discovery is not None or not (opts.pool_name or opts.endpoint_selector)):
+        declared = [o for o in data_layer.object_events if o.source.typed_name.name in config.plugins]
+        if declared:
+            names = ", ".join(str(o.source.typed_name) for o in declared)
+            raise StartupError(
+                f"dataLayer.sources: {names} watches Kubernetes objects, which needs Kubernetes discovery "
+                "(--pool-name or --endpoint-selector, and no dataLayer.discovery plugin); remove the source or run "
+                "in a cluster"
+            )
+        for o in data_layer.object_events:  # added by a plugin for an optional signal (topology-extractor)
+            log.info("k8s_notification_source_inactive source=%s: no Kubernetes discovery", o.source.typed_name)
+        data_layer.object_events = []
     return Components(
         datastore,
         recorder,
@@ -490,6 +502,9 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     discovery = _KubernetesDiscovery(api, opts, c, loop) if opts.pool_name or opts.endpoint_selector else None
     if discovery is not None:
         discovery.start()
+    watchers = _object_watchers(api, opts, c, loop)
+    if c.data_layer is not None:
+        c.data_layer.start_events()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, signals)
@@ -530,8 +545,24 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         shutdown_tracer(c.tracer)  # exports the spans still buffered
         if discovery is not None:
             await discovery.stop()
+        for w in watchers:
+            await asyncio.to_thread(w.stop)
         if api is not None:
             api.close()
+
+
+def _object_watchers(api: Any, opts: Options, c: Components, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """One started watch per `k8s-notification-source` (build() refused them without Kubernetes)."""
+    if c.data_layer is None or not c.data_layer.object_events or api is None:
+        return []
+    from llm_epp.k8s.notifications import ObjectWatcher
+
+    watchers = []
+    for events in c.data_layer.object_events:
+        w = ObjectWatcher(api, opts.pool_namespace, events.source.gvk, loop, events.dispatch)
+        w.start()
+        watchers.append(w)
+    return watchers
 
 
 class _KubernetesDiscovery:

@@ -356,9 +356,9 @@ def test_sources_and_extractors_must_fit_each_other() -> None:
     )
     assert problems == [
         "dataLayer.sources[0].extractors: 'gpu' (dcgm-extractor) cannot read what 'models' (models-data-source) "
-        "returns (a JSON answer)",
+        "hands it (a JSON answer)",
         "dataLayer.sources[1].extractors: 'list' (models-data-extractor) cannot read what 'dcgm' (dcgm-data-source) "
-        "returns (a Prometheus metrics page)",
+        "hands it (a Prometheus metrics page)",
         "dataLayer.sources[1].extractors: extractor type 'dcgm-extractor' is listed twice for this source",
         "dataLayer.sources[2].extractors: a data source needs at least one extractor",
     ]

@@ -22,13 +22,17 @@ from llm_epp.framework.datalayer import (
     BodyExtractor,
     DataSource,
     EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
     Extractor,
+    ObjectEventSource,
     PageAttributeExtractor,
     source_payload,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
+from llm_epp.framework.requestcontrol import PrepareData
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.disagg.common import Decider, DeciderRef
 from tests.compat.plugins import compat_registry
@@ -289,6 +293,15 @@ def _placement(plugin_type: str) -> str:
         json = isinstance(probe, BodyExtractor)
         base += f"- {{name: src, type: {'models-data-source' if json else 'metrics-data-source'}}}\n"
         sections.append("dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: p}]}]}\n")
+    if isinstance(probe, EndpointEventSource):
+        base += "- {name: ex, type: precise-prefix-cache-producer}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: p, extractors: [{pluginRef: ex}]}]}\n")
+    if isinstance(probe, EndpointEventExtractor) and not isinstance(probe, PrepareData):
+        base += "- {name: src, type: endpoint-notification-source}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: p}]}]}\n")
+    if isinstance(probe, ObjectEventSource):  # topology-extractor binds its Pod handler to a Pod source
+        base += "- {name: topo, type: topology-extractor}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: p}]}\n")
     if isinstance(probe, EndpointDiscovery):
         sections.append("dataLayer: {discovery: {pluginRef: p}}\n")
     if isinstance(probe, Parser):

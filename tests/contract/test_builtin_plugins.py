@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
-from llm_epp.framework.datalayer import BodyExtractor, DataSource, EndpointDiscovery, Extractor, PageAttributeExtractor
+from llm_epp.framework.datalayer import (
+    BodyExtractor,
+    DataSource,
+    EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
+    Extractor,
+    ObjectEventExtractor,
+    ObjectEventSource,
+    PageAttributeExtractor,
+)
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
@@ -44,6 +54,10 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     PageAttributeExtractor,
     BodyExtractor,
     EndpointDiscovery,
+    EndpointEventSource,
+    EndpointEventExtractor,
+    ObjectEventSource,
+    ObjectEventExtractor,
     Parser,
     Decider,
 )
@@ -169,6 +183,10 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         "algorithm": {"type": "linear_lower_is_better", "normalization": {"fixedRange": {"min": 0.0, "max": 1.0}}},
     },
     "file-discovery": {"path": "/etc/epp/endpoints.yaml", "watchFile": True},
+    "k8s-notification-source": {"group": "", "version": "v1", "kind": "Pod"},
+    "topology-extractor": {"hostname": "kubernetes.io/hostname", "zone": "topology.kubernetes.io/zone"},
+    "topology-affinity-filter": {"minAffinity": "rack", "topologyProducerName": "topology-extractor"},
+    "topology-affinity-scorer": {"topologyProducerName": "topology-extractor"},
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
@@ -181,6 +199,7 @@ REQUIRED_PARAMS: dict[str, str] = {
     "endpoint-attribute-filter": "attribute",
     "endpoint-attribute-scorer": "attributeKey",
     "file-discovery": "path",
+    "k8s-notification-source": "version",
 }
 
 

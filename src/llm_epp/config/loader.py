@@ -112,7 +112,8 @@ class LoadedConfig:
     def data_source(self) -> DataSource | None:
         """The polled metrics source, or None: no metrics collection."""
         i = self.metrics_binding
-        return None if i is None else self.data_sources[i].source
+        source = None if i is None else self.data_sources[i].source
+        return source if isinstance(source, DataSource) else None
 
     @property
     def extractor(self) -> Extractor | None:

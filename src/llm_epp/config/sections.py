@@ -23,9 +23,16 @@ from llm_epp.framework import Plugin, Registry
 from llm_epp.framework.datalayer import (
     PAYLOAD_JSON,
     BodyExtractor,
+    DataDependency,
+    DataLayerRegistrant,
     DataSource,
     EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
     Extractor,
+    GroupVersionKind,
+    ObjectEventExtractor,
+    ObjectEventSource,
     PageAttributeExtractor,
     source_payload,
 )
@@ -35,6 +42,7 @@ from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLi
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 
+_EXTRACTORS = (Extractor, PageAttributeExtractor, BodyExtractor, EndpointEventExtractor, ObjectEventExtractor)
 DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 DEFAULT_DATA_SOURCE = "metrics-data-source"
@@ -49,7 +57,7 @@ class DataSourceBinding:
     """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order (a metrics
     `Extractor`, `PageAttributeExtractor`s or `BodyExtractor`s)."""
 
-    source: DataSource
+    source: Plugin  # a DataSource (polled), EndpointEventSource or ObjectEventSource
     extractors: tuple[Plugin, ...]
 
 
@@ -160,7 +168,7 @@ def resolve_data_layer(
                     continue
                 if ex_plugin is None:
                     problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
-                elif not isinstance(ex_plugin, Extractor | PageAttributeExtractor | BodyExtractor):
+                elif not isinstance(ex_plugin, _EXTRACTORS):
                     problems.append(
                         f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
                         "extractor"
@@ -170,9 +178,9 @@ def resolve_data_layer(
             if source_plugin is None:
                 if src.plugin_ref not in declared:
                     problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
-            elif not isinstance(source_plugin, DataSource):
+            elif not isinstance(source_plugin, DataSource | EndpointEventSource | ObjectEventSource):
                 problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
-            elif not src.extractors:
+            elif not src.extractors and isinstance(source_plugin, DataSource):
                 problems.append(f"{where}.extractors: a data source needs at least one extractor")
             elif _check_extractors(where, source_plugin, extractors, types, problems):
                 out.append(DataSourceBinding(source_plugin, tuple(extractors)))
@@ -187,6 +195,25 @@ def resolve_data_layer(
         default_extractor = plugins.get(DEFAULT_EXTRACTOR) or add_default(DEFAULT_EXTRACTOR)
         if isinstance(default_source, DataSource) and isinstance(default_extractor, Extractor):
             out.append(DataSourceBinding(default_source, (default_extractor,)))
+    for plugin in list(plugins.values()):
+        if isinstance(plugin, DataLayerRegistrant):
+            for dep in plugin.data_dependencies():
+                _bind(out, dep, types)
+    for b in out:
+        if not b.extractors:
+            problems.append(
+                f"dataLayer.sources: no extractor reads the events of {b.source.typed_name.name!r}; list one under it "
+                "(or remove the source)"
+            )
+    kinds: dict[GroupVersionKind, str] = {}
+    for b in out:
+        if isinstance(b.source, ObjectEventSource):
+            other = kinds.setdefault(b.source.gvk, b.source.typed_name.name)
+            if other != b.source.typed_name.name:
+                problems.append(
+                    f"dataLayer.sources: {b.source.typed_name.name!r} watches {b.source.gvk} as {other!r} does; one "
+                    "notification source per kind"
+                )
     feeding = [b for b in out if any(isinstance(e, Extractor) for e in b.extractors)]
     if len(feeding) > 1:
         problems.append(
@@ -222,13 +249,30 @@ def resolve_discovery(
     return plugin
 
 
+def _bind(out: list[DataSourceBinding], dep: DataDependency, types: dict[str, str]) -> None:
+    """A plugin's own data dependency: its extractor joins the configured source of the type (and kind), or
+    the plugin's default source is added (as the reference resolves pending registrations)."""
+    for i, b in enumerate(out):
+        src = b.source
+        if types.get(src.typed_name.name, src.typed_name.type) != dep.source_type:
+            continue
+        if dep.gvk is not None and not (isinstance(src, ObjectEventSource) and src.gvk == dep.gvk):
+            continue
+        if any(e is dep.extractor for e in b.extractors):
+            return
+        out[i] = DataSourceBinding(src, (*b.extractors, dep.extractor))
+        return
+    out.append(DataSourceBinding(dep.default_source, (dep.extractor,)))
+
+
 def _check_extractors(
-    where: str, source: DataSource, extractors: list[Plugin], types: dict[str, str], problems: list[str]
+    where: str, source: Plugin, extractors: list[Plugin], types: dict[str, str], problems: list[str]
 ) -> bool:
-    """Each extractor must read what the source returns (a Prometheus page or a JSON body), and no type
-    twice on one source (as upstream)."""
+    """Each extractor must read what the source hands it (a Prometheus page, a JSON body, endpoint events or
+    object events of the source's kind), and no type twice on one source (as upstream)."""
     ok = True
-    json = source_payload(source) == PAYLOAD_JSON
+    src_name = source.typed_name.name
+    src_desc = f"{src_name!r} ({types.get(src_name, source.typed_name.type)})"
     seen: set[str] = set()
     for ex in extractors:
         name = ex.typed_name.name
@@ -237,14 +281,25 @@ def _check_extractors(
             problems.append(f"{where}.extractors: extractor type {ex_type!r} is listed twice for this source")
             ok = False
         seen.add(ex_type)
-        reads_json = isinstance(ex, BodyExtractor)
-        if reads_json != json:
-            src_name = source.typed_name.name
-            what = "a JSON answer" if json else "a Prometheus metrics page"
-            problems.append(
-                f"{where}.extractors: {name!r} ({ex_type}) cannot read what {src_name!r} "
-                f"({types.get(src_name, source.typed_name.type)}) returns ({what})"
-            )
+        what = ""
+        if isinstance(source, EndpointEventSource):
+            if not isinstance(ex, EndpointEventExtractor):
+                what = "endpoint events"
+        elif isinstance(source, ObjectEventSource):
+            if not isinstance(ex, ObjectEventExtractor):
+                what = f"{source.gvk} events"
+            elif ex.gvk != source.gvk:
+                problems.append(
+                    f"{where}.extractors: {name!r} ({ex_type}) reads {ex.gvk} events, {src_desc} watches {source.gvk}"
+                )
+                ok = False
+        elif isinstance(source, DataSource):
+            json = source_payload(source) == PAYLOAD_JSON
+            reads = isinstance(ex, BodyExtractor) if json else isinstance(ex, Extractor | PageAttributeExtractor)
+            if not reads:
+                what = "a JSON answer" if json else "a Prometheus metrics page"
+        if what:
+            problems.append(f"{where}.extractors: {name!r} ({ex_type}) cannot read what {src_desc} hands it ({what})")
             ok = False
     return ok
 

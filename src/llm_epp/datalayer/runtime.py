@@ -35,13 +35,18 @@ from typing import Protocol
 
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.exposition import ExpositionError, parse
+from llm_epp.datalayer.notifications import EndpointEvents, ObjectEvents
 from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession, unreachable
 from llm_epp.datalayer.sources import AttributeExtractor, AttributeSourceRuntime, DataLayerErrors
 from llm_epp.framework.datalayer import (
     DEFAULT_STALENESS,
     BodyExtractor,
     DataSource,
+    EndpointEventExtractor,
+    EndpointEventSource,
     Extractor,
+    ObjectEventExtractor,
+    ObjectEventSource,
     PageAttributeExtractor,
     is_stale,
     source_interval,
@@ -396,11 +401,19 @@ def effective_interval(base: float, interval: float) -> float:
 
 @dataclass
 class DataLayer:
-    """Everything that polls endpoints for one configuration: the metrics runtime (None when no source
-    feeds a metrics extractor) and one runtime per attribute-publishing source."""
+    """Everything that collects endpoint data for one configuration: the metrics runtime (None when no
+    source feeds a metrics extractor), one runtime per attribute-publishing polled source, the endpoint
+    notification sources (`start_events()` subscribes them to the datastore) and the Kubernetes
+    notification sources (their watches are started by the app, which has the API client)."""
 
     metrics: MetricsRuntime | None
     sources: list[AttributeSourceRuntime] = field(default_factory=list)
+    endpoint_events: EndpointEvents | None = None
+    object_events: list[ObjectEvents] = field(default_factory=list)
+
+    def start_events(self) -> None:
+        if self.endpoint_events is not None:
+            self.endpoint_events.start()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -412,7 +425,7 @@ class DataLayer:
 
 def build_data_layer(
     datastore: Datastore,
-    bindings: Sequence[tuple[DataSource, Sequence[object]]],
+    bindings: Sequence[tuple[object, Sequence[object]]],
     *,
     refresh_interval: float = DEFAULT_INTERVAL,
     staleness: float = DEFAULT_STALENESS,
@@ -424,10 +437,21 @@ def build_data_layer(
     """One runtime per source and role. `bindings`: each source with its extractors, as configured (the
     loader has checked that each extractor can read its source). A source with a metrics extractor and
     attribute extractors is polled twice: once for the metrics, once for the attributes."""
-    base = base_tick(refresh_interval, [source_interval(src) for src, _ in bindings])
+    base = base_tick(refresh_interval, [source_interval(src) for src, _ in bindings if isinstance(src, DataSource)])
     metrics: MetricsRuntime | None = None
     sources: list[AttributeSourceRuntime] = []
+    endpoint_bindings: list[tuple[EndpointEventSource, list[EndpointEventExtractor]]] = []
+    object_events: list[ObjectEvents] = []
     for src, extractors in bindings:
+        if isinstance(src, EndpointEventSource):
+            endpoint_bindings.append((src, [e for e in extractors if isinstance(e, EndpointEventExtractor)]))
+            continue
+        if isinstance(src, ObjectEventSource):
+            watched = [e for e in extractors if isinstance(e, ObjectEventExtractor)]
+            object_events.append(ObjectEvents(datastore, src, watched, errors))
+            continue
+        if not isinstance(src, DataSource):
+            raise TypeError(f"{src!r} is not a data source")
         interval = effective_interval(base, source_interval(src))
         attribute_extractors: list[AttributeExtractor] = []
         for ex in extractors:
@@ -453,4 +477,5 @@ def build_data_layer(
                     datastore, src, attribute_extractors, interval=interval, poll_timeout=poll_timeout, errors=errors
                 )
             )
-    return DataLayer(metrics, sources)
+    endpoint_events = EndpointEvents(datastore, endpoint_bindings, errors) if endpoint_bindings else None
+    return DataLayer(metrics, sources, endpoint_events, object_events)

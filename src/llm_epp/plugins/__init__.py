@@ -8,10 +8,13 @@ from llm_epp.plugins.datalayer import (
     core_metrics_extractor,
     dcgm_data_source,
     dcgm_extractor,
+    endpoint_notification_source,
     file_discovery,
+    k8s_notification_source,
     metrics_data_source,
     models_data_extractor,
     models_data_source,
+    topology_extractor,
 )
 from llm_epp.plugins.disagg import (
     always_disagg_multimodal_decider,
@@ -83,6 +86,8 @@ from llm_epp.plugins.scheduling import (
     single_profile_handler,
     slo_headroom_tier_filter,
     token_load_scorer,
+    topology_affinity_filter,
+    topology_affinity_scorer,
     utilization_detector,
     utilization_filter,
     weighted_random_picker,
@@ -163,13 +168,17 @@ _MODULES = (
     endpoint_attribute_filter,
     endpoint_attribute_scorer,
     file_discovery,
+    endpoint_notification_source,
+    k8s_notification_source,
+    topology_extractor,
+    topology_affinity_filter,
+    topology_affinity_scorer,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
-_DATA = "endpoint discovery and notification data sources, and topology-aware routing"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
 
@@ -224,16 +233,6 @@ UNSUPPORTED: dict[str, str] = {
         _FLOW,
     ),
     "predicted-latency-scorer": _LATENCY_MONOLITH,
-    **dict.fromkeys(
-        (
-            "endpoint-notification-source",
-            "k8s-notification-source",
-            "topology-extractor",
-            "topology-affinity-filter",
-            "topology-affinity-scorer",
-        ),
-        _DATA,
-    ),
     **dict.fromkeys(
         (
             "multicluster-approx-prefix-cache-producer",
