@@ -24,7 +24,5 @@ def test_a_plugins_own_pod_source_is_inactive_without_kubernetes() -> None:
 
 
 def test_a_declared_kubernetes_source_without_kubernetes_is_refused() -> None:
-    with pytest.raises(
-        StartupError, match=r"k8s-notification-source watches Kubernetes objects"
-    ):
+    with pytest.raises(StartupError, match=r"k8s-notification-source watches Kubernetes objects"):
         build(Options(endpoints="10.0.0.1:8000", config_text=DECLARED, allow_experimental_plugins=True))
