@@ -631,3 +631,31 @@ def test_a_plugin_another_plugin_names_in_its_parameters_is_not_reported() -> No
     assert named.warnings == []
     other = _load(GIE + text.replace("TARGET", "elsewhere"), compat_registry())
     assert [w.split(":")[0] for w in other.warnings] == ["plugins[1]"]
+
+
+def test_in_flight_load_producer_names_must_name_an_inflight_load_producer() -> None:
+    ok = _load(
+        LLMD
+        + """\
+        plugins:
+        - {name: load, type: inflight-load-producer}
+        - {type: token-load-scorer, parameters: {inFlightLoadProducerName: load}}
+        - {type: active-request-scorer, parameters: {inFlightLoadProducerName: inflight-load-producer}}
+        """
+    )
+    assert ok.plugin_types["load"] == "inflight-load-producer"
+    problems = _problems(
+        LLMD
+        + """\
+        plugins:
+        - {name: load, type: queue-scorer}
+        - {type: token-load-scorer, parameters: {inFlightLoadProducerName: load}}
+        - {type: concurrency-detector, parameters: {inFlightLoadProducerName: elsewhere}}
+        """
+    )
+    assert problems == [
+        "plugins[1].parameters.inFlightLoadProducerName: 'load' is a queue-scorer; name an inflight-load-producer "
+        "(declare `- type: inflight-load-producer` with name 'load') or leave the parameter out",
+        "plugins[2].parameters.inFlightLoadProducerName: 'elsewhere' names no plugin; name an inflight-load-producer "
+        "(declare `- type: inflight-load-producer` with name 'elsewhere') or leave the parameter out",
+    ]

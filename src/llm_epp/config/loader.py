@@ -24,6 +24,7 @@ from llm_epp.config.gates import FLOW_CONTROL, resolve_gates
 from llm_epp.config.schema import GIE_API_VERSION, EndpointPickerConfigSpec
 from llm_epp.config.sections import (
     DataSourceBinding,
+    check_in_flight_refs,
     resolve_data_layer,
     resolve_discovery,
     resolve_flow_control,
@@ -485,6 +486,7 @@ def _build(
     saturation = resolve_saturation(spec, registry, plugins, types, add_default, problems, declared)
     data_sources = resolve_data_layer(spec, registry, plugins, types, add_default, problems, declared)
     discovery = resolve_discovery(spec, plugins, types, problems, declared)
+    check_in_flight_refs(spec, types, problems)
     flow_control = resolve_flow_control(
         spec, gates.values[FLOW_CONTROL], registry, plugins, types, add_default, problems, declared
     )

@@ -249,6 +249,28 @@ def resolve_discovery(
     return plugin
 
 
+IN_FLIGHT_PRODUCER = "inflight-load-producer"
+IN_FLIGHT_REF = "inFlightLoadProducerName"
+
+
+def check_in_flight_refs(spec: EndpointPickerConfigSpec, types: dict[str, str], problems: list[str]) -> None:
+    """`inFlightLoadProducerName` must name an `inflight-load-producer`: one declared under that name, or the
+    type's own name (the producer upstream creates when none is declared). llm-epp keeps one in-flight
+    account per endpoint, in the core, which every inflight-load-producer stands for."""
+    for i, ps in enumerate(spec.plugins):
+        value = (ps.parameters or {}).get(IN_FLIGHT_REF)
+        if not isinstance(value, str) or not value:
+            continue
+        declared = types.get(value)
+        if declared == IN_FLIGHT_PRODUCER or (declared is None and value == IN_FLIGHT_PRODUCER):
+            continue
+        what = f"is a {declared}" if declared is not None else "names no plugin"
+        problems.append(
+            f"plugins[{i}].parameters.{IN_FLIGHT_REF}: {value!r} {what}; name an {IN_FLIGHT_PRODUCER} (declare "
+            f"`- type: {IN_FLIGHT_PRODUCER}` with name {value!r}) or leave the parameter out"
+        )
+
+
 def _bind(out: list[DataSourceBinding], dep: DataDependency, types: dict[str, str]) -> None:
     """A plugin's own data dependency: its extractor joins the configured source of the type (and kind), or
     the plugin's default source is added (as the reference resolves pending registrations)."""
