@@ -255,6 +255,8 @@ class MetricsRuntime:
             return self._failed(md, url, state, f"nothing extracted: {problems}")
         state.metrics = result.metrics
         self._datastore.update_metrics(md.key, result.metrics)
+        if result.attributes:
+            self._datastore.update_attributes(md.key, result.attributes)
         if state.unreachable:
             state.unreachable = False
             self._datastore.set_reachable(md.key, True)

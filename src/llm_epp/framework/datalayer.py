@@ -65,6 +65,7 @@ class Extraction:
 
     metrics: Metrics | None
     problems: tuple[str, ...] = field(default=())
+    attributes: Mapping[str, object] = field(default_factory=dict)  # endpoint attributes (custom metrics)
 
 
 @runtime_checkable

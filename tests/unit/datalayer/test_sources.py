@@ -270,3 +270,46 @@ async def test_the_configured_intervals_reach_the_pollers() -> None:
     assert layer.metrics is not None
     assert layer.metrics.interval == pytest.approx(0.1)  # base tick lowered to dcgm's 100ms
     assert [s.interval for s in layer.sources] == [pytest.approx(0.1), pytest.approx(0.1)]
+
+
+async def test_custom_metrics_of_the_metrics_source_reach_the_attribute_filter() -> None:
+    page = (
+        b"vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n"
+        b'my_queue{tier="silver"} 1\nmy_queue{tier="gold"} 40\n'
+    )
+    busy, idle = (
+        PageServer(routes={"/metrics": Route(page)}),
+        PageServer(routes={"/metrics": Route(page.replace(b"} 40", b"} 3"))}),
+    )
+    text = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: vllm
+      queuedRequestsSpec: vllm:num_requests_waiting
+      runningRequestsSpec: vllm:num_requests_running
+      kvUsageSpec: vllm:kv_cache_usage_perc
+      customMetrics: [{attributeKey: gold_queue, metricSpec: 'my_queue{tier="gold"}'}]
+- type: endpoint-attribute-filter
+  parameters:
+    attribute: gold_queue
+    algorithm: {type: threshold, threshold: {operator: LessThan, value: 10}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: endpoint-attribute-filter}, {pluginRef: max-score-picker}]
+"""
+    async with busy, idle:
+        config = load_config_text(text, builtin_registry(), NullRecorder())
+        ds = Datastore("pool")
+        ds.replace_all(
+            EndpointMetadata(EndpointKey("ns", n), "127.0.0.1", s.port) for n, s in (("busy", busy), ("idle", idle))
+        )
+        layer = build_data_layer(ds, [(b.source, b.extractors) for b in config.data_sources], refresh_interval=0.05)
+        async with running(layer):
+            await eventually(lambda: all("gold_queue/core-metrics-extractor" in e.attributes for e in ds.snapshot()))
+        kept = config.scheduler.profiles["default"].filters[0].filter(CycleState(), request(), ds.snapshot())
+        assert [e.key.name for e in kept] == ["idle"]
