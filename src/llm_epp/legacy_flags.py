@@ -42,6 +42,11 @@ class FixedMetricsPort:
     def interval(self) -> float:
         return source_interval(self.inner)
 
+    def __getattr__(self, name: str) -> object:  # the inner source's optional settings (TLS files)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def url(self, endpoint: EndpointMetadata) -> str:
         if endpoint.metrics_port:
             return self.inner.url(endpoint)
@@ -82,6 +87,9 @@ def apply_legacy_metrics_flags(config: LoadedConfig, opts: Options) -> None:
                 else insecure,
                 source.port,
                 source.interval,
+                source.ca_cert_path,
+                source.client_cert_path,
+                source.client_key_path,
             )
             if name in config.plugins:
                 config.plugins[name] = replaced

@@ -38,6 +38,7 @@ from llm_epp.datalayer.exposition import ExpositionError, parse
 from llm_epp.datalayer.notifications import EndpointEvents, ObjectEvents
 from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession, unreachable
 from llm_epp.datalayer.sources import AttributeExtractor, AttributeSourceRuntime, DataLayerErrors
+from llm_epp.datalayer.tls import TLSScraper, source_ssl_context
 from llm_epp.framework.datalayer import (
     DEFAULT_STALENESS,
     BodyExtractor,
@@ -455,6 +456,8 @@ def build_data_layer(
         if not isinstance(src, DataSource):
             raise TypeError(f"{src!r} is not a data source")
         interval = effective_interval(base, source_interval(src))
+        context = source_ssl_context(src)  # raises ValueError for unusable CA / client certificate files
+        scraper = TLSScraper(context, timeout=poll_timeout) if context is not None else None
         attribute_extractors: list[AttributeExtractor] = []
         for ex in extractors:
             if isinstance(ex, Extractor):
@@ -470,13 +473,20 @@ def build_data_layer(
                     refresh_prometheus_interval=refresh_prometheus_interval,
                     poll_timeout=poll_timeout,
                     errors=errors,
+                    scraper=scraper,
                 )
             elif isinstance(ex, PageAttributeExtractor | BodyExtractor):
                 attribute_extractors.append(ex)
         if attribute_extractors:
             sources.append(
                 AttributeSourceRuntime(
-                    datastore, src, attribute_extractors, interval=interval, poll_timeout=poll_timeout, errors=errors
+                    datastore,
+                    src,
+                    attribute_extractors,
+                    interval=interval,
+                    poll_timeout=poll_timeout,
+                    errors=errors,
+                    scraper=scraper,
                 )
             )
     endpoint_events = EndpointEvents(datastore, endpoint_bindings, errors) if endpoint_bindings else None

@@ -156,6 +156,7 @@ class AttributeSourceRuntime:
         max_backoff: float = 1.0,
         errors: DataLayerErrors | None = None,
         rng: random.Random | None = None,
+        scraper: Scraper | None = None,
     ) -> None:
         if interval <= 0 or poll_timeout <= 0:
             raise ValueError("interval and poll_timeout must be > 0")
@@ -172,6 +173,7 @@ class AttributeSourceRuntime:
         self._max_backoff = max(max_backoff, interval)
         self._errors = errors
         self._rng = rng or random.Random()
+        self._given_scraper = scraper
         self._scraper: Scraper | None = None
         self._pollers: dict[EndpointKey, tuple[EndpointMetadata, asyncio.Task[None]]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -187,7 +189,9 @@ class AttributeSourceRuntime:
     async def run(self) -> None:
         if self._running:
             raise RuntimeError("AttributeSourceRuntime.run() is already running")
-        self._scraper = Scraper(timeout=self._poll_timeout, verify=not self.source.insecure_skip_verify)
+        self._scraper = self._given_scraper or Scraper(
+            timeout=self._poll_timeout, verify=not self.source.insecure_skip_verify
+        )
         self._running = True
         if not self._listening:
             self._datastore.add_listener(self._sync)

@@ -25,7 +25,9 @@ def test_interval_and_json_payload() -> None:
     assert ModelsDataSource("models", Params()).interval == 0.0
 
 
-@pytest.mark.parametrize("raw", [{"clientCertPath": "/c.crt"}, {"caCertPath": "/ca.crt"}], ids=["mtls", "ca"])
-def test_unsupported_options_are_refused(raw: dict[str, object]) -> None:
-    with pytest.raises(ValidationError, match="not supported yet"):
-        Params.model_validate(raw)
+def test_tls_files_are_kept_and_a_client_pair_is_complete() -> None:
+    source = ModelsDataSource("m", Params.model_validate({"caCertPath": "/ca.crt", "clientCertPath": "/c.crt",
+                                                          "clientKeyPath": "/c.key"}))  # fmt: skip
+    assert (source.ca_cert_path, source.client_cert_path, source.client_key_path) == ("/ca.crt", "/c.crt", "/c.key")
+    with pytest.raises(ValidationError, match="must be set together"):
+        Params.model_validate({"clientCertPath": "/c.crt"})

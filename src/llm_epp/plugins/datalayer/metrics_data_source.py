@@ -18,9 +18,10 @@ Configuration:
         data layer's base tick (`--refresh-metrics-interval`, lowered to the smallest source interval, not
         below 50 ms); omitted: every base tick.
 
-    Not supported yet (refused with a message): `caCertPath`, `clientCertPath` / `clientKeyPath` (TLS
-    verification against a CA bundle, mTLS): a source either verifies against the system CAs or skips
-    verification (insecureSkipVerify).
+    caCertPath (optional): with https and insecureSkipVerify false, verify the model server against this PEM
+        CA bundle instead of the system CAs.
+    clientCertPath / clientKeyPath (optional, together): present this client certificate (mTLS).
+    The files are read when the EPP starts; one that cannot be used stops it with the reason.
 """
 
 from __future__ import annotations
@@ -54,24 +55,9 @@ class Params(PluginParams):
         return value
 
     @model_validator(mode="after")
-    def _runtime_options(self) -> Params:
+    def _pair(self) -> Params:
         if bool(self.client_cert_path) != bool(self.client_key_path):
             raise ValueError("clientCertPath and clientKeyPath must be set together")
-        unsupported = [
-            key
-            for key, value in (
-                ("caCertPath", self.ca_cert_path),
-                ("clientCertPath", self.client_cert_path),
-                ("clientKeyPath", self.client_key_path),
-            )
-            if value
-        ]
-        if unsupported:
-            raise ValueError(
-                f"{', '.join(unsupported)} not supported yet: a source verifies the model server against the "
-                "system CAs, or not at all with insecureSkipVerify, and presents no client certificate; remove "
-                "the parameter"
-            )
         return self
 
 
@@ -84,10 +70,16 @@ class MetricsDataSource:
         insecure_skip_verify: bool = True,
         port: int | None = None,
         interval: float = 0.0,
+        ca_cert_path: str = "",
+        client_cert_path: str = "",
+        client_key_path: str = "",
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.port = port
         self.interval = interval
+        self.ca_cert_path = ca_cert_path
+        self.client_cert_path = client_cert_path
+        self.client_key_path = client_key_path
         self.scheme = scheme
         self.path = path if path.startswith("/") else "/" + path
         self._insecure_skip_verify = insecure_skip_verify
@@ -110,5 +102,13 @@ class MetricsDataSource:
 
 def factory(name: str, params: Params, handle: Handle) -> MetricsDataSource:
     return MetricsDataSource(
-        name, params.scheme, params.path, params.insecure_skip_verify, params.port, interval_seconds(params.interval)
+        name,
+        params.scheme,
+        params.path,
+        params.insecure_skip_verify,
+        params.port,
+        interval_seconds(params.interval),
+        params.ca_cert_path,
+        params.client_cert_path,
+        params.client_key_path,
     )

@@ -10,8 +10,8 @@ Inputs consumed:
 Configuration:
     scheme (`http` | `https`, default `http`), path (default `/v1/models`), insecureSkipVerify (default
     true), interval (Go duration, optional: poll period, rounded to the nearest multiple of the data layer's
-    base tick, see metrics-data-source; omitted: every base tick). caCertPath, clientCertPath /
-    clientKeyPath: not supported yet (refused; a source verifies against the system CAs or not at all).
+    base tick, see metrics-data-source; omitted: every base tick), caCertPath (verify against this CA
+    bundle), clientCertPath / clientKeyPath (mTLS; together), read when the EPP starts.
 
     The answer is JSON (`payload` "json"): only extractors reading bodies (`models-data-extractor`) can be
     listed under this source. A failing poll never takes the endpoint out of the candidate set.
@@ -44,22 +44,9 @@ class Params(PluginParams):
     _interval = field_validator("interval")(check_interval)
 
     @model_validator(mode="after")
-    def _supported(self) -> Params:
-        refused = [
-            k
-            for k, v in (
-                ("caCertPath", self.ca_cert_path),
-                ("clientCertPath", self.client_cert_path),
-                ("clientKeyPath", self.client_key_path),
-            )
-            if v
-        ]
-        if refused:
-            raise ValueError(
-                f"{', '.join(refused)} not supported yet: a source verifies the model server against the system "
-                "CAs, or not at all with insecureSkipVerify, and presents no client certificate; remove the "
-                "parameter"
-            )
+    def _pair(self) -> Params:
+        if bool(self.client_cert_path) != bool(self.client_key_path):
+            raise ValueError("clientCertPath and clientKeyPath must be set together")
         return self
 
 
@@ -73,6 +60,9 @@ class ModelsDataSource:
         self.path = params.path if params.path.startswith("/") else "/" + params.path
         self._insecure_skip_verify = params.insecure_skip_verify
         self.interval = interval_seconds(params.interval)
+        self.ca_cert_path = params.ca_cert_path
+        self.client_cert_path = params.client_cert_path
+        self.client_key_path = params.client_key_path
 
     @property
     def typed_name(self) -> TypedName:
