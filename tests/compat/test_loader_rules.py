@@ -659,3 +659,19 @@ def test_in_flight_load_producer_names_must_name_an_inflight_load_producer() -> 
         "plugins[2].parameters.inFlightLoadProducerName: 'elsewhere' names no plugin; name an inflight-load-producer "
         "(declare `- type: inflight-load-producer` with name 'elsewhere') or leave the parameter out",
     ]
+
+
+def test_an_extractor_that_failed_to_build_is_reported_once() -> None:
+    problems = _problems(
+        LLMD
+        + """\
+        plugins:
+        - type: endpoint-notification-source
+        - {type: precise-prefix-cache-producer, parameters: {tokenProcessorConfig: {blockSize: -3}}}
+        - type: queue-scorer
+        dataLayer:
+          sources:
+          - {pluginRef: endpoint-notification-source, extractors: [{pluginRef: precise-prefix-cache-producer}]}
+        """
+    )
+    assert len(problems) == 1 and problems[0].startswith("plugins[1].parameters"), problems

@@ -150,6 +150,7 @@ def resolve_data_layer(
     GIE apiVersion and `injectDefaults` unset, exactly the sources listed (none: no metrics collection)."""
     dl = spec.data_layer
     out: list[DataSourceBinding] = []
+    unbuilt: set[str] = set()  # sources with a listed extractor that failed to build
     if dl is None:
         inject = True
     else:
@@ -165,6 +166,7 @@ def resolve_data_layer(
             for j, ex in enumerate(src.extractors):
                 ex_plugin = plugins.get(ex.plugin_ref)
                 if ex_plugin is None and ex.plugin_ref in declared:
+                    unbuilt.add(src.plugin_ref)  # its own problem is reported
                     continue
                 if ex_plugin is None:
                     problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
@@ -200,7 +202,7 @@ def resolve_data_layer(
             for dep in plugin.data_dependencies():
                 _bind(out, dep, types)
     for b in out:
-        if not b.extractors:
+        if not b.extractors and b.source.typed_name.name not in unbuilt:
             problems.append(
                 f"dataLayer.sources: no extractor reads the events of {b.source.typed_name.name!r}; list one under it "
                 "(or remove the source)"
