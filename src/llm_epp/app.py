@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -17,8 +18,9 @@ import grpc
 from llm_epp.composition import build_request_path
 from llm_epp.config import ConfigError, LoadedConfig
 from llm_epp.datalayer import Datastore
+from llm_epp.datalayer.discovery import DiscoveryError, DiscoveryFileWatcher
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
-from llm_epp.datalayer.runtime import MetricsRuntime, ReachabilityProbe
+from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -65,6 +67,9 @@ def grpc_server_options(opts: Options) -> tuple[tuple[str, int], ...]:
     return tuple((name, given.get(name) or value) for name, value in GRPC_SERVER_OPTIONS)
 
 
+DISCOVERY_POOL_NAME = "epp"  # the pool's name with a discovery plugin and no --pool-name, as upstream
+
+
 class StartupError(Exception):
     """A problem that stops the EPP from starting; the message says how to fix it."""
 
@@ -83,6 +88,8 @@ class Components:
     metrics_runtime: MetricsRuntime | None
     objectives: ObjectivesStore
     tracer: Tracer = NULL_TRACER
+    data_layer: DataLayer | None = None  # every configured source; metrics_runtime is its metrics part
+    discovery: DiscoveryFileWatcher | None = None  # dataLayer.discovery: the endpoints come from its file
 
 
 def build(opts: Options) -> Components:
@@ -114,8 +121,11 @@ def build(opts: Options) -> Components:
         raise StartupError(problem)
     apply_legacy_metrics_flags(config, opts)
     watcher: EndpointsFileWatcher | None = None
+    discovery = _discovery(config, opts, datastore)
     try:
-        if opts.endpoints:
+        if discovery is not None:
+            log.debug("endpoints from %s", discovery.path)
+        elif opts.endpoints:
             datastore.replace_all(parse_endpoint_list(opts.endpoints))
         elif opts.endpoints_file:
             watcher = EndpointsFileWatcher(opts.endpoints_file, datastore)
@@ -150,17 +160,31 @@ def build(opts: Options) -> Components:
         ),
         max_request_body_bytes=opts.max_request_body_bytes,
     )
-    runtime = None
-    if config.data_source is not None and config.extractor is not None:
-        runtime = MetricsRuntime(
+    try:
+        data_layer = build_data_layer(
             datastore,
-            config.data_source,
-            config.extractor,
-            interval=opts.refresh_metrics_interval,
+            [(b.source, b.extractors) for b in config.data_sources],
+            refresh_interval=opts.refresh_metrics_interval,
             staleness=opts.metrics_staleness_threshold,
             recorder=recorder,
+            errors=recorder,
             refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
         )
+    except (TypeError, ValueError) as e:
+        raise StartupError(f"dataLayer: {e}") from None
+    runtime = data_layer.metrics
+    if data_layer.object_events and (discovery is not None or not (opts.pool_name or opts.endpoint_selector)):
+        declared = [o for o in data_layer.object_events if o.source.typed_name.name in config.plugins]
+        if declared:
+            names = ", ".join(str(o.source.typed_name) for o in declared)
+            raise StartupError(
+                f"dataLayer.sources: {names} watches Kubernetes objects, which needs Kubernetes discovery "
+                "(--pool-name or --endpoint-selector, and no dataLayer.discovery plugin); remove the source or run "
+                "in a cluster"
+            )
+        for o in data_layer.object_events:  # added by a plugin for an optional signal (topology-extractor)
+            log.info("k8s_notification_source_inactive source=%s: no Kubernetes discovery", o.source.typed_name)
+        data_layer.object_events = []
     return Components(
         datastore,
         recorder,
@@ -174,7 +198,50 @@ def build(opts: Options) -> Components:
         runtime,
         objectives,
         tracer,
+        data_layer,
+        discovery,
     )
+
+
+def _discovery(config: LoadedConfig, opts: Options, datastore: Datastore) -> DiscoveryFileWatcher | None:
+    """`dataLayer.discovery`: the endpoints come from the plugin's file and Kubernetes discovery does not
+    run (as upstream); `--pool-name` / `--pool-namespace` only name the pool. Without one, an endpoint
+    source flag is required."""
+    flags = [
+        flag
+        for flag, given in (
+            ("--endpoints", opts.endpoints),
+            ("--endpoints-file", opts.endpoints_file),
+            ("--endpoint-selector", opts.endpoint_selector),
+            ("--ha-enable-leader-election", opts.ha_enable_leader_election),
+        )
+        if given
+    ]
+    if config.discovery is None:
+        if not (flags or opts.pool_name):
+            raise StartupError(
+                "no endpoint source: give --pool-name NAME or --endpoint-selector k=v (Kubernetes), --endpoints "
+                "host:port,..., --endpoints-file FILE, or a dataLayer.discovery plugin (file-discovery) in the "
+                "configuration"
+            )
+        return None
+    if flags:
+        raise StartupError(
+            f"dataLayer.discovery ({config.discovery.typed_name}) supplies the endpoints; remove {', '.join(flags)} "
+            "(a discovery plugin runs without Kubernetes discovery or leader election)"
+        )
+    datastore.pool_name = opts.pool_name or DISCOVERY_POOL_NAME
+    watcher = DiscoveryFileWatcher(config.discovery, datastore)
+    try:
+        watcher.load()
+    except DiscoveryError as e:
+        raise StartupError(f"dataLayer.discovery: {e}") from None
+    log.info(
+        "discovery mode: endpoints from %s; Kubernetes-only features (InferencePool, InferenceObjective and "
+        "rewrite watches, leader election) are inactive",
+        config.discovery.typed_name,
+    )
+    return watcher
 
 
 def _credentials(opts: Options) -> grpc.ServerCredentials | None:
@@ -359,6 +426,8 @@ async def _drain(servers: list[Any], health: HealthState, drain_timeout: float, 
 
 async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     c = build(opts)
+    if c.discovery is not None:  # the discovery plugin supplies the endpoints; --pool-name only names the pool
+        opts = dataclasses.replace(opts, pool_name="")
     api = _kubernetes_client(opts)  # before any listener starts, so a credentials error leaks nothing
     metrics, metrics_api = _metrics_server(opts, c, api)  # may refuse to start: before any listener too
     stop = stop or asyncio.Event()
@@ -454,6 +523,9 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     discovery = _KubernetesDiscovery(api, opts, c, loop) if opts.pool_name or opts.endpoint_selector else None
     if discovery is not None:
         discovery.start()
+    watchers = _object_watchers(api, opts, c, loop)
+    if c.data_layer is not None:
+        c.data_layer.start_events()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, signals)
@@ -462,10 +534,14 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             background = [tg.create_task(c.pick.leases.run())]
             if c.file_watcher is not None:
                 background.append(tg.create_task(c.file_watcher.run()))
+            if c.discovery is not None:
+                background.append(tg.create_task(c.discovery.run()))
             if c.metrics_runtime is not None:
                 background.append(tg.create_task(c.metrics_runtime.run()))
             else:  # no metrics scraped: a dead endpoint is still taken out of the candidate set
                 background.append(tg.create_task(ReachabilityProbe(c.datastore).run()))
+            for source in c.data_layer.sources if c.data_layer is not None else ():
+                background.append(tg.create_task(source.run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
             leadership = None
@@ -492,10 +568,26 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         shutdown_tracer(c.tracer)  # exports the spans still buffered
         if discovery is not None:
             await discovery.stop()
+        for w in watchers:
+            await asyncio.to_thread(w.stop)
         if api is not None:
             api.close()
     if fatal:
         raise StartupError(f"stopped: {fatal[0]}")
+
+
+def _object_watchers(api: Any, opts: Options, c: Components, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """One started watch per `k8s-notification-source` (build() refused them without Kubernetes)."""
+    if c.data_layer is None or not c.data_layer.object_events or api is None:
+        return []
+    from llm_epp.k8s.notifications import ObjectWatcher
+
+    watchers = []
+    for events in c.data_layer.object_events:
+        w = ObjectWatcher(api, opts.pool_namespace, events.source.gvk, loop, events.dispatch)
+        w.start()
+        watchers.append(w)
+    return watchers
 
 
 class _KubernetesDiscovery:

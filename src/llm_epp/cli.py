@@ -664,7 +664,7 @@ def check_options(opts: Options) -> list[str]:
     ]
     if len(sources) > 1:
         problems.append(f"give exactly one endpoint source, not {' and '.join(sources)}")
-    if not sources:
+    if not sources and not (opts.config_file or opts.config_text):  # a config may name a discovery plugin
         problems.append(
             "no endpoint source: give --pool-name NAME or --endpoint-selector k=v (Kubernetes), "
             "--endpoints host:port,... or --endpoints-file FILE"

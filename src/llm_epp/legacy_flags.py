@@ -16,7 +16,7 @@ import logging
 
 from llm_epp.config import LoadedConfig
 from llm_epp.framework import EndpointMetadata, TypedName
-from llm_epp.framework.datalayer import DataSource
+from llm_epp.framework.datalayer import DataSource, source_interval
 from llm_epp.options import Options
 from llm_epp.plugins.datalayer.metrics_data_source import MetricsDataSource
 
@@ -37,6 +37,15 @@ class FixedMetricsPort:
     @property
     def insecure_skip_verify(self) -> bool:
         return self.inner.insecure_skip_verify
+
+    @property
+    def interval(self) -> float:
+        return source_interval(self.inner)
+
+    def __getattr__(self, name: str) -> object:  # the inner source's optional settings (TLS files)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def url(self, endpoint: EndpointMetadata) -> str:
         if endpoint.metrics_port:
@@ -76,6 +85,11 @@ def apply_legacy_metrics_flags(config: LoadedConfig, opts: Options) -> None:
                 source.insecure_skip_verify
                 if insecure is None or _explicit(explicit, "insecureSkipVerify", "insecure_skip_verify")
                 else insecure,
+                source.port,
+                source.interval,
+                source.ca_cert_path,
+                source.client_cert_path,
+                source.client_key_path,
             )
             if name in config.plugins:
                 config.plugins[name] = replaced
@@ -90,5 +104,6 @@ def apply_legacy_metrics_flags(config: LoadedConfig, opts: Options) -> None:
             )
         else:
             source = FixedMetricsPort(source, port)
-    first = config.data_sources[0]
-    config.data_sources[0] = dataclasses.replace(first, source=source)
+    i = config.metrics_binding
+    assert i is not None
+    config.data_sources[i] = dataclasses.replace(config.data_sources[i], source=source)

@@ -22,13 +22,7 @@ EVICTION = "flow-control eviction"
 # upstream ignores a plugin in a profile that is no filter, scorer or picker (the llm-d precise guide lists
 # its `tokenizer` there); llm-epp's loader refuses it
 PROFILE_PRODUCER = "data producer listed in a profile"
-# llm-d-router's endpoint-notification-source hands pod add/delete events to extractors such as
-# precise-prefix-cache-producer; llm-epp's extractors read metrics pages only
-NOTIFICATION_EXTRACTOR = "endpoint-notification extractor"
 _PROFILE_PRODUCER = re.compile(r"pluginRef: '[^']+' \([^)]+\) is not a filter, scorer or picker$")
-_NOTIFICATION_EXTRACTOR = re.compile(
-    r"^dataLayer\.sources\[\d+\]\.extractors\[\d+\]\.pluginRef: .* is not an extractor$"
-)
 
 GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
@@ -38,15 +32,6 @@ NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
     "gie-chart-grpc-parser.yaml": (
         f"{GIE} config/charts/epplib/templates/_config.yaml (modelServerProtocol grpc)",
         frozenset({"vllmgrpc-parser"}),
-    ),
-    "router-precise-prefix.yaml": (
-        f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
-        "test/perf/config/router-configs/precise-prefix.yaml",
-        frozenset({"endpoint-notification-source", NOTIFICATION_EXTRACTOR}),
-    ),
-    "router-gpu-attributes.yaml": (
-        f"{ROUTER} deploy/config/sim-epp-gpu-config.yaml",
-        frozenset({"dcgm-data-source", "dcgm-extractor", "endpoint-attribute-filter", "endpoint-attribute-scorer"}),
     ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
@@ -78,8 +63,6 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(EVICTION)
         elif _PROFILE_PRODUCER.search(p):
             missing.add(PROFILE_PRODUCER)
-        elif _NOTIFICATION_EXTRACTOR.search(p):
-            missing.add(NOTIFICATION_EXTRACTOR)
         else:
             other.append(p)
     return missing, other

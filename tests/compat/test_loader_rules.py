@@ -333,15 +333,73 @@ def test_two_polled_sources_are_not_supported_yet() -> None:
         """
     )
     assert problems == [
-        "dataLayer.sources: 2 polled metrics sources are configured (a, metrics-data-source); more than one is not "
+        "dataLayer.sources: 2 sources feed a metrics extractor (a, metrics-data-source); more than one is not "
         "supported yet"
+    ]
+
+
+def test_sources_and_extractors_must_fit_each_other() -> None:
+    problems = _problems(
+        LLMD
+        + """\
+        plugins:
+        - {name: models, type: models-data-source}
+        - {name: gpu, type: dcgm-extractor}
+        - {name: dcgm, type: dcgm-data-source}
+        - {name: list, type: models-data-extractor}
+        dataLayer:
+          sources:
+          - {pluginRef: models, extractors: [{pluginRef: gpu}]}
+          - {pluginRef: dcgm, extractors: [{pluginRef: list}, {pluginRef: gpu}, {pluginRef: gpu}]}
+          - {pluginRef: dcgm, extractors: []}
+        """
+    )
+    assert problems == [
+        "dataLayer.sources[0].extractors: 'gpu' (dcgm-extractor) cannot read what 'models' (models-data-source) "
+        "hands it (a JSON answer)",
+        "dataLayer.sources[1].extractors: 'list' (models-data-extractor) cannot read what 'dcgm' (dcgm-data-source) "
+        "hands it (a Prometheus metrics page)",
+        "dataLayer.sources[1].extractors: extractor type 'dcgm-extractor' is listed twice for this source",
+        "dataLayer.sources[2].extractors: a data source needs at least one extractor",
+    ]
+
+
+def test_several_sources_each_with_its_extractors() -> None:
+    loaded = _load(
+        LLMD
+        + """\
+        plugins:
+        - {name: dcgm, type: dcgm-data-source, parameters: {interval: 1s}}
+        - {name: gpu, type: dcgm-extractor}
+        - {name: models, type: models-data-source}
+        - {name: list, type: models-data-extractor}
+        dataLayer:
+          sources:
+          - {pluginRef: dcgm, extractors: [{pluginRef: gpu}]}
+          - {pluginRef: models, extractors: [{pluginRef: list}]}
+        """
+    )
+    assert [(b.source.typed_name.name, [e.typed_name.name for e in b.extractors]) for b in loaded.data_sources] == [
+        ("dcgm", ["gpu"]),
+        ("models", ["list"]),
+        ("metrics-data-source", ["core-metrics-extractor"]),  # injected by default (llm-d apiVersion)
+    ]
+    assert loaded.data_source is loaded.data_sources[2].source
+
+
+def test_a_discovery_reference_must_name_a_discovery_plugin() -> None:
+    assert _problems(LLMD + "plugins:\n- type: queue-scorer\ndataLayer:\n  discovery: {pluginRef: files}\n") == [
+        "dataLayer.discovery.pluginRef: no plugin named 'files' is defined; declare it under plugins (e.g. type "
+        "file-discovery with parameters.path)"
+    ]
+    assert _problems(LLMD + "plugins:\n- type: queue-scorer\ndataLayer:\n  discovery: {pluginRef: queue-scorer}\n") == [
+        "dataLayer.discovery.pluginRef: 'queue-scorer' (queue-scorer) is not an endpoint discovery plugin"
     ]
 
 
 @pytest.mark.parametrize(
     ("section", "problem"),
     [
-        ("discovery: {pluginRef: files}", "dataLayer.discovery: endpoint discovery plugins"),
         ("crossReplicaSyncerPluginRef: syncer", "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data"),
         ("crossReplicaSyncInterval: 5s", "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data"),
     ],
@@ -573,3 +631,47 @@ def test_a_plugin_another_plugin_names_in_its_parameters_is_not_reported() -> No
     assert named.warnings == []
     other = _load(GIE + text.replace("TARGET", "elsewhere"), compat_registry())
     assert [w.split(":")[0] for w in other.warnings] == ["plugins[1]"]
+
+
+def test_in_flight_load_producer_names_must_name_an_inflight_load_producer() -> None:
+    ok = _load(
+        LLMD
+        + """\
+        plugins:
+        - {name: load, type: inflight-load-producer}
+        - {type: token-load-scorer, parameters: {inFlightLoadProducerName: load}}
+        - {type: active-request-scorer, parameters: {inFlightLoadProducerName: inflight-load-producer}}
+        """
+    )
+    assert ok.plugin_types["load"] == "inflight-load-producer"
+    problems = _problems(
+        LLMD
+        + """\
+        plugins:
+        - {name: load, type: queue-scorer}
+        - {type: token-load-scorer, parameters: {inFlightLoadProducerName: load}}
+        - {type: concurrency-detector, parameters: {inFlightLoadProducerName: elsewhere}}
+        """
+    )
+    assert problems == [
+        "plugins[1].parameters.inFlightLoadProducerName: 'load' is a queue-scorer; name an inflight-load-producer "
+        "(declare `- type: inflight-load-producer` with name 'load') or leave the parameter out",
+        "plugins[2].parameters.inFlightLoadProducerName: 'elsewhere' names no plugin; name an inflight-load-producer "
+        "(declare `- type: inflight-load-producer` with name 'elsewhere') or leave the parameter out",
+    ]
+
+
+def test_an_extractor_that_failed_to_build_is_reported_once() -> None:
+    problems = _problems(
+        LLMD
+        + """\
+        plugins:
+        - type: endpoint-notification-source
+        - {type: precise-prefix-cache-producer, parameters: {tokenProcessorConfig: {blockSize: -3}}}
+        - type: queue-scorer
+        dataLayer:
+          sources:
+          - {pluginRef: endpoint-notification-source, extractors: [{pluginRef: precise-prefix-cache-producer}]}
+        """
+    )
+    assert len(problems) == 1 and problems[0].startswith("plugins[1].parameters"), problems

@@ -17,10 +17,22 @@ from pydantic import BaseModel
 from llm_epp.config import ConfigError, LoadedConfig, load_config_text
 from llm_epp.config.schema import EndpointPickerConfigSpec
 from llm_epp.framework import Filter, NullRecorder, Picker, ProfileHandler, Registry, Scorer
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import (
+    PAYLOAD_JSON,
+    BodyExtractor,
+    DataSource,
+    EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
+    Extractor,
+    ObjectEventSource,
+    PageAttributeExtractor,
+    source_payload,
+)
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
+from llm_epp.framework.requestcontrol import PrepareData
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.disagg.common import Decider, DeciderRef
 from tests.compat.plugins import compat_registry
@@ -59,6 +71,7 @@ BASE = GIE + "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-score
 PROFILE = "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: queue-scorer\n"
 PARSERS = GIE + "plugins:\n- {name: a, type: test-json-parser}\n- {name: b, type: test-json-parser}\n"
 SOURCES = GIE + "plugins:\n- {name: src, type: metrics-data-source}\n- {name: ex, type: core-metrics-extractor}\n"
+DISCOVERY = BASE + "- {name: fd, type: file-discovery, parameters: {path: /etc/epp/endpoints.yaml}}\n"
 SATURATION = BASE + "- {name: c, type: concurrency-detector}\n"
 GATED = (
     BASE
@@ -107,8 +120,10 @@ CASES: dict[str, tuple[str, str]] = {
         SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
     ),
     "dataLayer.sources[].extractors": (
-        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
-        SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}, {pluginRef: ex}]}]}\n",
+        SOURCES + "- {name: gpu, type: dcgm-extractor}\n"
+        "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
+        SOURCES + "- {name: gpu, type: dcgm-extractor}\n"
+        "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}, {pluginRef: gpu}]}]}\n",
     ),
     "dataLayer.sources[].extractors[].pluginRef": (
         SOURCES + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex}]}]}\n",
@@ -116,8 +131,8 @@ CASES: dict[str, tuple[str, str]] = {
         + "- {name: ex2, type: core-metrics-extractor}\n"
         + "dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: ex2}]}]}\n",
     ),
-    "dataLayer.discovery": (BASE, BASE + "dataLayer: {discovery: {pluginRef: x}}\n"),
-    "dataLayer.discovery.pluginRef": (BASE, BASE + "dataLayer: {discovery: {pluginRef: x}}\n"),
+    "dataLayer.discovery": (DISCOVERY, DISCOVERY + "dataLayer: {discovery: {pluginRef: fd}}\n"),
+    "dataLayer.discovery.pluginRef": (DISCOVERY, DISCOVERY + "dataLayer: {discovery: {pluginRef: fd}}\n"),
     "dataLayer.crossReplicaSyncerPluginRef": (BASE, BASE + "dataLayer: {crossReplicaSyncerPluginRef: x}\n"),
     "dataLayer.crossReplicaSyncInterval": (BASE, BASE + "dataLayer: {crossReplicaSyncInterval: 1s}\n"),
     "flowControl": (GATED, FLOW + "  maxRequests: 10\n"),
@@ -211,6 +226,7 @@ def _fingerprint(loaded: LoadedConfig) -> dict[str, Any]:
         if loaded.flow_control
         else None,
         "data": [(str(b.source.typed_name), [str(e.typed_name) for e in b.extractors]) for b in loaded.data_sources],
+        "discovery": str(loaded.discovery.typed_name) if loaded.discovery else None,
         "parsers": [str(p.typed_name) for p in loaded.parsers],
         "gates": loaded.feature_gates,
         "hooks": [str(p.typed_name) for p in loaded.prepare_data + loaded.pre_request],  # type: ignore[operator]
@@ -270,11 +286,24 @@ def _placement(plugin_type: str) -> str:
     if isinstance(probe, SaturationDetector):
         sections.append("saturationDetector: {pluginRef: p}\n")
     if isinstance(probe, DataSource):
-        base += "- {name: ex, type: core-metrics-extractor}\n"
+        json = source_payload(probe) == PAYLOAD_JSON
+        base += f"- {{name: ex, type: {'models-data-extractor' if json else 'core-metrics-extractor'}}}\n"
         sections.append("dataLayer: {sources: [{pluginRef: p, extractors: [{pluginRef: ex}]}]}\n")
-    if isinstance(probe, Extractor):
-        base += "- {name: src, type: metrics-data-source}\n"
+    if isinstance(probe, Extractor | PageAttributeExtractor | BodyExtractor):
+        json = isinstance(probe, BodyExtractor)
+        base += f"- {{name: src, type: {'models-data-source' if json else 'metrics-data-source'}}}\n"
         sections.append("dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: p}]}]}\n")
+    if isinstance(probe, EndpointEventSource):
+        base += "- {name: ex, type: precise-prefix-cache-producer}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: p, extractors: [{pluginRef: ex}]}]}\n")
+    if isinstance(probe, EndpointEventExtractor) and not isinstance(probe, PrepareData):
+        base += "- {name: src, type: endpoint-notification-source}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: src, extractors: [{pluginRef: p}]}]}\n")
+    if isinstance(probe, ObjectEventSource):  # topology-extractor binds its Pod handler to a Pod source
+        base += "- {name: topo, type: topology-extractor}\n"
+        sections.append("dataLayer: {sources: [{pluginRef: p}]}\n")
+    if isinstance(probe, EndpointDiscovery):
+        sections.append("dataLayer: {discovery: {pluginRef: p}}\n")
     if isinstance(probe, Parser):
         sections.append("requestHandler: {parsers: [{pluginRef: p}]}\n")
     if isinstance(probe, Decider):  # referenced by name from a disaggregation profile handler
@@ -329,6 +358,8 @@ def _runs(loaded: LoadedConfig, plugin: object) -> list[str]:
         places.append("saturation detector")
     if any(plugin is b.source or plugin in b.extractors for b in loaded.data_sources):
         places.append("data layer")
+    if plugin is loaded.discovery:
+        places.append("endpoint discovery")
     fc = loaded.flow_control
     if fc is not None:
         bands = [fc.default_band, *fc.bands.values()]

@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import (
+    BodyExtractor,
+    DataSource,
+    EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
+    Extractor,
+    ObjectEventExtractor,
+    ObjectEventSource,
+    PageAttributeExtractor,
+)
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
@@ -41,6 +51,13 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     ResponseComplete,
     DataSource,
     Extractor,
+    PageAttributeExtractor,
+    BodyExtractor,
+    EndpointDiscovery,
+    EndpointEventSource,
+    EndpointEventExtractor,
+    ObjectEventSource,
+    ObjectEventExtractor,
     Parser,
     Decider,
 )
@@ -171,6 +188,23 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         ],
         "revisionGating": {"mode": "max-role", "requireRoles": {"values": ["prefill", "decode"]}},
     },
+    "dcgm-data-source": {"port": 9400, "useNodeAddress": True, "interval": "1s"},
+    "models-data-source": {"scheme": "http", "path": "/v1/models", "insecureSkipVerify": True, "interval": "5s"},
+    "endpoint-attribute-filter": {
+        "attribute": "GPUUtilization/dcgm-extractor",
+        "onMissing": "Pass",
+        "fallbackOnEmpty": True,
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThanOrEqual", "value": 0.90}},
+    },
+    "endpoint-attribute-scorer": {
+        "attributeKey": "GPUUtilization/dcgm-extractor",
+        "algorithm": {"type": "linear_lower_is_better", "normalization": {"fixedRange": {"min": 0.0, "max": 1.0}}},
+    },
+    "file-discovery": {"path": "/etc/epp/endpoints.yaml", "watchFile": True},
+    "k8s-notification-source": {"group": "", "version": "v1", "kind": "Pod"},
+    "topology-extractor": {"hostname": "kubernetes.io/hostname", "zone": "topology.kubernetes.io/zone"},
+    "topology-affinity-filter": {"minAffinity": "rack", "topologyProducerName": "topology-extractor"},
+    "topology-affinity-scorer": {"topologyProducerName": "topology-extractor"},
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.
@@ -181,6 +215,10 @@ REQUIRED_PARAMS: dict[str, str] = {
     "priority-holdback-policy": "minCeiling",
     "utilization-filter": "conditions",
     "disaggregatedset-rollout-screener": "scope",
+    "endpoint-attribute-filter": "attribute",
+    "endpoint-attribute-scorer": "attributeKey",
+    "file-discovery": "path",
+    "k8s-notification-source": "version",
 }
 
 

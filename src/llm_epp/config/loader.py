@@ -24,7 +24,9 @@ from llm_epp.config.gates import FLOW_CONTROL, resolve_gates
 from llm_epp.config.schema import GIE_API_VERSION, EndpointPickerConfigSpec
 from llm_epp.config.sections import (
     DataSourceBinding,
+    check_in_flight_refs,
     resolve_data_layer,
+    resolve_discovery,
     resolve_flow_control,
     resolve_parsers,
     resolve_saturation,
@@ -42,7 +44,7 @@ from llm_epp.framework import (
     Scorer,
     os_random,
 )
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import DataSource, EndpointDiscovery, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginLoadError, PluginParamsError, UnknownParam, UnknownPluginTypeError
@@ -99,15 +101,29 @@ class LoadedConfig:
     response_received: list[ResponseReceived] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
     flow_control: FlowControlConfig | None = None  # the flowControl gate is on: requests queue in the EPP
+    discovery: EndpointDiscovery | None = None  # dataLayer.discovery: endpoints come from this plugin
+
+    @property
+    def metrics_binding(self) -> int | None:
+        """Index in `data_sources` of the source feeding the metrics extractor, None: no metrics collection."""
+        for i, b in enumerate(self.data_sources):
+            if any(isinstance(e, Extractor) for e in b.extractors):
+                return i
+        return None
 
     @property
     def data_source(self) -> DataSource | None:
-        """The polled metrics source (the runtime runs one), or None: no metrics collection."""
-        return self.data_sources[0].source if self.data_sources else None
+        """The polled metrics source, or None: no metrics collection."""
+        i = self.metrics_binding
+        source = None if i is None else self.data_sources[i].source
+        return source if isinstance(source, DataSource) else None
 
     @property
     def extractor(self) -> Extractor | None:
-        return self.data_sources[0].extractors[0] if self.data_sources else None
+        i = self.metrics_binding
+        if i is None:
+            return None
+        return next(e for e in self.data_sources[i].extractors if isinstance(e, Extractor))
 
     def describe(self) -> str:
         """A human-readable summary of the resolved configuration (`llm-epp config check`)."""
@@ -128,10 +144,13 @@ class LoadedConfig:
             out.append(f"parsers: {', '.join(str(p.typed_name) for p in self.parsers)}")
         else:
             out.append("parsers: the built-in OpenAI parsing")
-        for b in self.data_sources:
-            out.append(f"metrics: {b.source.typed_name} -> {', '.join(str(e.typed_name) for e in b.extractors)}")
-        if not self.data_sources:
+        for i, b in enumerate(self.data_sources):
+            role = "metrics" if i == self.metrics_binding else "data source"
+            out.append(f"{role}: {b.source.typed_name} -> {', '.join(str(e.typed_name) for e in b.extractors)}")
+        if self.metrics_binding is None:
             out.append("metrics: not collected")
+        if self.discovery is not None:
+            out.append(f"discovery: {self.discovery.typed_name} ({self.discovery.path})")
         if self.prepare_data:
             out.append(f"prepare data: {', '.join(str(p.typed_name) for p in self.prepare_data)}")
         for p in self.profiles:
@@ -468,6 +487,8 @@ def _build(
     parsers = resolve_parsers(spec, registry, plugins, types, add_default, problems, declared)
     saturation = resolve_saturation(spec, registry, plugins, types, add_default, problems, declared)
     data_sources = resolve_data_layer(spec, registry, plugins, types, add_default, problems, declared)
+    discovery = resolve_discovery(spec, plugins, types, problems, declared)
+    check_in_flight_refs(spec, types, problems)
     flow_control = resolve_flow_control(
         spec, gates.values[FLOW_CONTROL], registry, plugins, types, add_default, problems, declared
     )
@@ -487,6 +508,7 @@ def _build(
         handler_name=handler.typed_name.name,
         saturation=saturation,
         data_sources=data_sources,
+        discovery=discovery,
         parsers=parsers,
         feature_gates=gates.values,
         warnings=warnings,
@@ -535,6 +557,8 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
         used.update(id(e) for e in b.extractors)
     if loaded.saturation is not None:
         used.add(id(loaded.saturation))
+    if loaded.discovery is not None:
+        used.add(id(loaded.discovery))
     fc = loaded.flow_control
     if fc is not None:
         used.add(id(fc.usage_limit))

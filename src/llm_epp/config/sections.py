@@ -20,13 +20,29 @@ from llm_epp.flowcontrol.config import (
     FlowControlConfig,
 )
 from llm_epp.framework import Plugin, Registry
-from llm_epp.framework.datalayer import DataSource, Extractor
+from llm_epp.framework.datalayer import (
+    PAYLOAD_JSON,
+    BodyExtractor,
+    DataDependency,
+    DataLayerRegistrant,
+    DataSource,
+    EndpointDiscovery,
+    EndpointEventExtractor,
+    EndpointEventSource,
+    Extractor,
+    GroupVersionKind,
+    ObjectEventExtractor,
+    ObjectEventSource,
+    PageAttributeExtractor,
+    source_payload,
+)
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.flowcontrol import SaturationDetector
 from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 
+_EXTRACTORS = (Extractor, PageAttributeExtractor, BodyExtractor, EndpointEventExtractor, ObjectEventExtractor)
 DEFAULT_PARSER = "openai-parser"  # GIE's default; the director's built-in parsing until it is a plugin
 DEFAULT_SATURATION_DETECTOR = "utilization-detector"
 DEFAULT_DATA_SOURCE = "metrics-data-source"
@@ -38,10 +54,11 @@ DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
 @dataclass(frozen=True, slots=True)
 class DataSourceBinding:
-    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order."""
+    """One `dataLayer.sources[]` entry: a source and the extractors fed from it, in order (a metrics
+    `Extractor`, `PageAttributeExtractor`s or `BodyExtractor`s)."""
 
-    source: DataSource
-    extractors: tuple[Extractor, ...]
+    source: Plugin  # a DataSource (polled), EndpointEventSource or ObjectEventSource
+    extractors: tuple[Plugin, ...]
 
 
 def resolve_parsers(
@@ -133,15 +150,10 @@ def resolve_data_layer(
     GIE apiVersion and `injectDefaults` unset, exactly the sources listed (none: no metrics collection)."""
     dl = spec.data_layer
     out: list[DataSourceBinding] = []
+    unbuilt: set[str] = set()  # sources with a listed extractor that failed to build
     if dl is None:
         inject = True
     else:
-        if dl.discovery is not None:
-            problems.append(
-                "dataLayer.discovery: endpoint discovery plugins (llm-d-router's file-discovery) are not supported "
-                "yet; llm-epp discovers endpoints from the InferencePool (--pool-name), --endpoints or "
-                "--endpoints-file"
-            )
         if dl.cross_replica_syncer_plugin_ref or dl.cross_replica_sync_interval:
             problems.append(
                 "dataLayer.crossReplicaSyncerPluginRef: syncing endpoint data across EPP replicas is not "
@@ -150,14 +162,15 @@ def resolve_data_layer(
         for i, src in enumerate(dl.sources):
             where = f"dataLayer.sources[{i}]"
             source_plugin = plugins.get(src.plugin_ref)
-            extractors: list[Extractor] = []
+            extractors: list[Plugin] = []
             for j, ex in enumerate(src.extractors):
                 ex_plugin = plugins.get(ex.plugin_ref)
                 if ex_plugin is None and ex.plugin_ref in declared:
+                    unbuilt.add(src.plugin_ref)  # its own problem is reported
                     continue
                 if ex_plugin is None:
                     problems.append(f"{where}.extractors[{j}].pluginRef: no plugin named {ex.plugin_ref!r} is defined")
-                elif not isinstance(ex_plugin, Extractor):
+                elif not isinstance(ex_plugin, _EXTRACTORS):
                     problems.append(
                         f"{where}.extractors[{j}].pluginRef: {ex.plugin_ref!r} ({types[ex.plugin_ref]}) is not an "
                         "extractor"
@@ -167,14 +180,11 @@ def resolve_data_layer(
             if source_plugin is None:
                 if src.plugin_ref not in declared:
                     problems.append(f"{where}.pluginRef: no plugin named {src.plugin_ref!r} is defined")
-            elif not isinstance(source_plugin, DataSource):
+            elif not isinstance(source_plugin, DataSource | EndpointEventSource | ObjectEventSource):
                 problems.append(f"{where}.pluginRef: {src.plugin_ref!r} ({types[src.plugin_ref]}) is not a data source")
-            elif len(src.extractors) != 1:
-                problems.append(
-                    f"{where}.extractors: a metrics source needs exactly one extractor (e.g. core-metrics-extractor); "
-                    "several extractors on one source are not supported yet"
-                )
-            elif extractors:
+            elif not src.extractors and isinstance(source_plugin, DataSource):
+                problems.append(f"{where}.extractors: a data source needs at least one extractor")
+            elif _check_extractors(where, source_plugin, extractors, types, problems):
                 out.append(DataSourceBinding(source_plugin, tuple(extractors)))
         if dl.inject_defaults is not None:
             inject = dl.inject_defaults
@@ -187,12 +197,135 @@ def resolve_data_layer(
         default_extractor = plugins.get(DEFAULT_EXTRACTOR) or add_default(DEFAULT_EXTRACTOR)
         if isinstance(default_source, DataSource) and isinstance(default_extractor, Extractor):
             out.append(DataSourceBinding(default_source, (default_extractor,)))
-    if len(out) > 1:
+    for plugin in list(plugins.values()):
+        if isinstance(plugin, DataLayerRegistrant):
+            for dep in plugin.data_dependencies():
+                _bind(out, dep, types)
+    for b in out:
+        if not b.extractors and b.source.typed_name.name not in unbuilt:
+            problems.append(
+                f"dataLayer.sources: no extractor reads the events of {b.source.typed_name.name!r}; list one under it "
+                "(or remove the source)"
+            )
+    kinds: dict[GroupVersionKind, str] = {}
+    for b in out:
+        if isinstance(b.source, ObjectEventSource):
+            other = kinds.setdefault(b.source.gvk, b.source.typed_name.name)
+            if other != b.source.typed_name.name:
+                problems.append(
+                    f"dataLayer.sources: {b.source.typed_name.name!r} watches {b.source.gvk} as {other!r} does; one "
+                    "notification source per kind"
+                )
+    feeding = [b for b in out if any(isinstance(e, Extractor) for e in b.extractors)]
+    if len(feeding) > 1:
         problems.append(
-            f"dataLayer.sources: {len(out)} polled metrics sources are configured "
-            f"({', '.join(b.source.typed_name.name for b in out)}); more than one is not supported yet"
+            f"dataLayer.sources: {len(feeding)} sources feed a metrics extractor "
+            f"({', '.join(b.source.typed_name.name for b in feeding)}); more than one is not supported yet"
         )
     return out
+
+
+def resolve_discovery(
+    spec: EndpointPickerConfigSpec,
+    plugins: dict[str, Plugin],
+    types: dict[str, str],
+    problems: list[str],
+    declared: set[str],
+) -> EndpointDiscovery | None:
+    """`dataLayer.discovery.pluginRef`: a declared endpoint-discovery plugin (`file-discovery`)."""
+    dl = spec.data_layer
+    if dl is None or dl.discovery is None:
+        return None
+    ref = dl.discovery.plugin_ref
+    plugin = plugins.get(ref)
+    if plugin is None:
+        if ref not in declared:
+            problems.append(
+                f"dataLayer.discovery.pluginRef: no plugin named {ref!r} is defined; declare it under plugins "
+                "(e.g. type file-discovery with parameters.path)"
+            )
+        return None
+    if not isinstance(plugin, EndpointDiscovery):
+        problems.append(f"dataLayer.discovery.pluginRef: {ref!r} ({types[ref]}) is not an endpoint discovery plugin")
+        return None
+    return plugin
+
+
+IN_FLIGHT_PRODUCER = "inflight-load-producer"
+IN_FLIGHT_REF = "inFlightLoadProducerName"
+
+
+def check_in_flight_refs(spec: EndpointPickerConfigSpec, types: dict[str, str], problems: list[str]) -> None:
+    """`inFlightLoadProducerName` must name an `inflight-load-producer`: one declared under that name, or the
+    type's own name (the producer upstream creates when none is declared). llm-epp keeps one in-flight
+    account per endpoint, in the core, which every inflight-load-producer stands for."""
+    for i, ps in enumerate(spec.plugins):
+        value = (ps.parameters or {}).get(IN_FLIGHT_REF)
+        if not isinstance(value, str) or not value:
+            continue
+        declared = types.get(value)
+        if declared == IN_FLIGHT_PRODUCER or (declared is None and value == IN_FLIGHT_PRODUCER):
+            continue
+        what = f"is a {declared}" if declared is not None else "names no plugin"
+        problems.append(
+            f"plugins[{i}].parameters.{IN_FLIGHT_REF}: {value!r} {what}; name an {IN_FLIGHT_PRODUCER} (declare "
+            f"`- type: {IN_FLIGHT_PRODUCER}` with name {value!r}) or leave the parameter out"
+        )
+
+
+def _bind(out: list[DataSourceBinding], dep: DataDependency, types: dict[str, str]) -> None:
+    """A plugin's own data dependency: its extractor joins the configured source of the type (and kind), or
+    the plugin's default source is added (as the reference resolves pending registrations)."""
+    for i, b in enumerate(out):
+        src = b.source
+        if types.get(src.typed_name.name, src.typed_name.type) != dep.source_type:
+            continue
+        if dep.gvk is not None and not (isinstance(src, ObjectEventSource) and src.gvk == dep.gvk):
+            continue
+        if any(e is dep.extractor for e in b.extractors):
+            return
+        out[i] = DataSourceBinding(src, (*b.extractors, dep.extractor))
+        return
+    out.append(DataSourceBinding(dep.default_source, (dep.extractor,)))
+
+
+def _check_extractors(
+    where: str, source: Plugin, extractors: list[Plugin], types: dict[str, str], problems: list[str]
+) -> bool:
+    """Each extractor must read what the source hands it (a Prometheus page, a JSON body, endpoint events or
+    object events of the source's kind), and no type twice on one source (as upstream)."""
+    ok = True
+    src_name = source.typed_name.name
+    src_desc = f"{src_name!r} ({types.get(src_name, source.typed_name.type)})"
+    seen: set[str] = set()
+    for ex in extractors:
+        name = ex.typed_name.name
+        ex_type = types.get(name, ex.typed_name.type)
+        if ex_type in seen:
+            problems.append(f"{where}.extractors: extractor type {ex_type!r} is listed twice for this source")
+            ok = False
+        seen.add(ex_type)
+        what = ""
+        if isinstance(source, EndpointEventSource):
+            if not isinstance(ex, EndpointEventExtractor):
+                what = "endpoint events"
+        elif isinstance(source, ObjectEventSource):
+            if not isinstance(ex, ObjectEventExtractor):
+                what = f"{source.gvk} events"
+            elif ex.gvk != source.gvk:
+                problems.append(
+                    f"{where}.extractors: {name!r} ({ex_type}) reads {ex.gvk} events, {src_desc} watches {source.gvk}"
+                )
+                ok = False
+        elif isinstance(source, DataSource):
+            json = source_payload(source) == PAYLOAD_JSON
+            reads = isinstance(ex, BodyExtractor) if json else isinstance(ex, Extractor | PageAttributeExtractor)
+            if not reads:
+                what = "a JSON answer" if json else "a Prometheus metrics page"
+        if what:
+            problems.append(f"{where}.extractors: {name!r} ({ex_type}) cannot read what {src_desc} hands it ({what})")
+            ok = False
+    return ok
 
 
 def resolve_flow_control(

@@ -8,14 +8,22 @@ holding it sees one consistent pool. Membership changes rebuild the snapshot in 
 
 In-flight load (`InFlightLoad`) belongs to the endpoint's key and outlives the endpoint while requests
 still hold it: a pod removed and added back (a readiness flap) continues counting its running requests
-instead of restarting at 0."""
+instead of restarting at 0.
+
+Endpoint attributes (values data-layer extractors publish for scheduling plugins, by name) are kept per
+endpoint like metrics: an update merges the new values into the endpoint's attributes (other producers'
+values stay) and marks the endpoint for the copy-on-write snapshot; they leave with the endpoint."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from llm_epp.framework.types import EMPTY_METRICS, Endpoint, EndpointKey, EndpointMetadata, InFlightLoad, Metrics
+
+_NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
 
 
 class Datastore:
@@ -23,6 +31,7 @@ class Datastore:
         self.pool_name = pool_name
         self._metadata: dict[EndpointKey, EndpointMetadata] = {}
         self._metrics: dict[EndpointKey, Metrics] = {}
+        self._attributes: dict[EndpointKey, Mapping[str, Any]] = {}
         self._load: dict[EndpointKey, InFlightLoad] = {}
         self._snapshot: tuple[Endpoint, ...] | None = ()
         self._position: dict[EndpointKey, int] = {}  # index of each endpoint in the current snapshot
@@ -39,6 +48,7 @@ class Datastore:
         for key in list(self._metadata):
             if key not in new:
                 self._metrics.pop(key, None)
+                self._attributes.pop(key, None)
         self._metadata = new
         self.synced = True
         self._changed()
@@ -51,6 +61,7 @@ class Datastore:
     def delete(self, key: EndpointKey) -> None:
         if self._metadata.pop(key, None) is not None:
             self._metrics.pop(key, None)
+            self._attributes.pop(key, None)
             self._changed()
 
     def clear(self) -> None:
@@ -63,6 +74,28 @@ class Datastore:
             self._metrics[key] = metrics
             if self._snapshot is not None:
                 self._updated.add(key)
+
+    # --- attributes -----------------------------------------------------------------------------------
+    def update_attributes(self, key: EndpointKey, values: Mapping[str, object]) -> None:
+        """Merge `values` into an endpoint's attributes (what attribute extractors publish); a value of
+        None removes that attribute. Unknown endpoints are ignored."""
+        if key not in self._metadata or not values:
+            return
+        current = self._attributes.get(key, _NO_ATTRIBUTES)
+        merged = dict(current)
+        for name, value in values.items():
+            if value is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = value
+        if merged == current:
+            return
+        self._attributes[key] = MappingProxyType(merged)
+        if self._snapshot is not None:
+            self._updated.add(key)
+
+    def attributes(self, key: EndpointKey) -> Mapping[str, Any]:
+        return self._attributes.get(key, _NO_ATTRIBUTES)
 
     # --- reachability ---------------------------------------------------------------------------------
     def set_reachable(self, key: EndpointKey, ok: bool) -> None:
@@ -95,7 +128,13 @@ class Datastore:
         snap = self._snapshot
         if snap is None:
             snap = tuple(
-                Endpoint(m, self._metrics.get(k, EMPTY_METRICS), self._load_of(k)) for k, m in self._included()
+                Endpoint(
+                    m,
+                    self._metrics.get(k, EMPTY_METRICS),
+                    self._load_of(k),
+                    self._attributes.get(k, _NO_ATTRIBUTES),
+                )
+                for k, m in self._included()
             )
             self._snapshot = snap
             self._position = {e.key: i for i, e in enumerate(snap)}
@@ -103,13 +142,20 @@ class Datastore:
             self._updated.clear()
         elif self._updated:
             endpoints = list(snap)
-            position, by_hostport, metrics = self._position, self._by_hostport, self._metrics
+            position, by_hostport, metrics, attributes = (
+                self._position,
+                self._by_hostport,
+                self._metrics,
+                self._attributes,
+            )
             for key in self._updated:
                 i = position.get(key)
                 if i is None:  # left out of the snapshot (unreachable): its metrics wait for its return
                     continue
                 old = endpoints[i]
-                endpoint = Endpoint(old.metadata, metrics[key], old.load)
+                endpoint = Endpoint(
+                    old.metadata, metrics.get(key, EMPTY_METRICS), old.load, attributes.get(key, _NO_ATTRIBUTES)
+                )
                 endpoints[i] = endpoint
                 by_hostport[endpoint.hostport] = endpoint
             self._updated.clear()

@@ -13,6 +13,13 @@ just unmeasured: it is marked unreachable in the datastore at its first such fai
 of the candidate set (within one poll: at once when refused, after the 1 s deadline when connects hang).
 Its poller keeps probing it with the backoff (at most `max_backoff`, 1 s), and the first successful
 scrape puts it back.
+
+`DataLayer` drives every configured `dataLayer.sources` entry: the source feeding the metrics extractor
+through a `MetricsRuntime`, every source publishing endpoint attributes through an `AttributeSourceRuntime`
+(`sources.py`), each at its own interval. Intervals follow the reference: the base tick is
+`--refresh-metrics-interval`, lowered to the smallest source `interval` (never below 50 ms by that
+lowering); a source with an interval polls every round(interval / base) ticks (at least one), a source
+without one every base tick.
 """
 
 from __future__ import annotations
@@ -22,14 +29,29 @@ import errno
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.exposition import ExpositionError, parse
+from llm_epp.datalayer.notifications import EndpointEvents, ObjectEvents
 from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession, unreachable
-from llm_epp.framework.datalayer import DEFAULT_STALENESS, DataSource, Extractor, is_stale
+from llm_epp.datalayer.sources import AttributeExtractor, AttributeSourceRuntime, DataLayerErrors
+from llm_epp.datalayer.tls import TLSScraper, source_ssl_context
+from llm_epp.framework.datalayer import (
+    DEFAULT_STALENESS,
+    BodyExtractor,
+    DataSource,
+    EndpointEventExtractor,
+    EndpointEventSource,
+    Extractor,
+    ObjectEventExtractor,
+    ObjectEventSource,
+    PageAttributeExtractor,
+    is_stale,
+    source_interval,
+)
 from llm_epp.framework.types import EMPTY_METRICS, EndpointKey, EndpointMetadata, Metrics
 
 log = logging.getLogger(__name__)
@@ -37,6 +59,7 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 0.05
 DEFAULT_GAUGE_INTERVAL = 5.0
 DEFAULT_MAX_BACKOFF = 1.0
+MIN_BASE_TICK = 0.05  # a source interval lowers the base tick down to this, not below
 
 
 class PoolGauges(Protocol):
@@ -90,6 +113,7 @@ class MetricsRuntime:
         scraper: Scraper | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        errors: DataLayerErrors | None = None,
     ) -> None:
         if interval <= 0 or staleness <= 0 or refresh_prometheus_interval <= 0 or poll_timeout <= 0:
             raise ValueError("interval, staleness, refresh_prometheus_interval and poll_timeout must be > 0")
@@ -99,6 +123,7 @@ class MetricsRuntime:
         self.interval = interval
         self.staleness = staleness
         self._recorder = recorder
+        self._errors = errors
         self._pool_name = pool_name
         self.refresh_prometheus_interval = refresh_prometheus_interval
         self._poll_timeout = poll_timeout
@@ -223,12 +248,16 @@ class MetricsRuntime:
             result = self._extractor.extract(page, md, state.metrics, self._clock())
         except Exception as e:  # a plugin's bug: isolate it like the profile runner does
             log.exception("extractor_failed extractor=%s endpoint=%s", self._extractor.typed_name, md.key)
+            if self._errors is not None:
+                self._errors.datalayer_extract_error(self._source.typed_name.type, self._extractor.typed_name.type)
             return self._failed(md, url, state, f"extractor {self._extractor.typed_name} raised {type(e).__name__}")
         problems = "; ".join((*page.problems, *result.problems)) or None
         if result.metrics is None:
             return self._failed(md, url, state, f"nothing extracted: {problems}")
         state.metrics = result.metrics
         self._datastore.update_metrics(md.key, result.metrics)
+        if result.attributes:
+            self._datastore.update_attributes(md.key, result.attributes)
         if state.unreachable:
             state.unreachable = False
             self._datastore.set_reachable(md.key, True)
@@ -249,6 +278,8 @@ class MetricsRuntime:
         self.failures += 1
         state.failures += 1
         state.streak += 1
+        if self._errors is not None:
+            self._errors.datalayer_poll_error(self._source.typed_name.type)
         if reason != state.failure:
             log.warning("scrape_failed endpoint=%s url=%s reason=%s", md.key, url, reason)
             state.failure = reason
@@ -350,3 +381,113 @@ def _is_connect_failure(err: OSError) -> bool:
         errno.ENETUNREACH,
         errno.ETIMEDOUT,
     )
+
+
+def base_tick(refresh_interval: float, source_intervals: Sequence[float]) -> float:
+    """The data layer's base tick: `refresh_interval`, lowered to the smallest source interval (not below
+    50 ms by that lowering)."""
+    base = refresh_interval
+    given = [iv for iv in source_intervals if iv > 0]
+    if given and min(given) < base:
+        base = max(min(given), min(base, MIN_BASE_TICK))
+    return base
+
+
+def effective_interval(base: float, interval: float) -> float:
+    """A source's poll period: `interval` rounded to the nearest multiple of `base` (halves up, at least one
+    tick); 0 (no interval) polls every tick."""
+    if interval <= 0:
+        return base
+    ns_interval, ns_base = round(interval * 1e9), round(base * 1e9)  # as Go: durations in ns, half rounds up
+    return base * max(1, (2 * ns_interval + ns_base) // (2 * ns_base))
+
+
+@dataclass
+class DataLayer:
+    """Everything that collects endpoint data for one configuration: the metrics runtime (None when no
+    source feeds a metrics extractor), one runtime per attribute-publishing polled source, the endpoint
+    notification sources (`start_events()` subscribes them to the datastore) and the Kubernetes
+    notification sources (their watches are started by the app, which has the API client)."""
+
+    metrics: MetricsRuntime | None
+    sources: list[AttributeSourceRuntime] = field(default_factory=list)
+    endpoint_events: EndpointEvents | None = None
+    object_events: list[ObjectEvents] = field(default_factory=list)
+
+    def start_events(self) -> None:
+        if self.endpoint_events is not None:
+            self.endpoint_events.start()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            if self.metrics is not None:
+                tg.create_task(self.metrics.run())
+            for source in self.sources:
+                tg.create_task(source.run())
+
+
+def build_data_layer(
+    datastore: Datastore,
+    bindings: Sequence[tuple[object, Sequence[object]]],
+    *,
+    refresh_interval: float = DEFAULT_INTERVAL,
+    staleness: float = DEFAULT_STALENESS,
+    recorder: PoolGauges | None = None,
+    errors: DataLayerErrors | None = None,
+    refresh_prometheus_interval: float = DEFAULT_GAUGE_INTERVAL,
+    poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+) -> DataLayer:
+    """One runtime per source and role. `bindings`: each source with its extractors, as configured (the
+    loader has checked that each extractor can read its source). A source with a metrics extractor and
+    attribute extractors is polled twice: once for the metrics, once for the attributes."""
+    base = base_tick(refresh_interval, [source_interval(src) for src, _ in bindings if isinstance(src, DataSource)])
+    metrics: MetricsRuntime | None = None
+    sources: list[AttributeSourceRuntime] = []
+    endpoint_bindings: list[tuple[EndpointEventSource, list[EndpointEventExtractor]]] = []
+    object_events: list[ObjectEvents] = []
+    for src, extractors in bindings:
+        if isinstance(src, EndpointEventSource):
+            endpoint_bindings.append((src, [e for e in extractors if isinstance(e, EndpointEventExtractor)]))
+            continue
+        if isinstance(src, ObjectEventSource):
+            watched = [e for e in extractors if isinstance(e, ObjectEventExtractor)]
+            object_events.append(ObjectEvents(datastore, src, watched, errors))
+            continue
+        if not isinstance(src, DataSource):
+            raise TypeError(f"{src!r} is not a data source")
+        interval = effective_interval(base, source_interval(src))
+        context = source_ssl_context(src)  # raises ValueError for unusable CA / client certificate files
+        scraper = TLSScraper(context, timeout=poll_timeout) if context is not None else None
+        attribute_extractors: list[AttributeExtractor] = []
+        for ex in extractors:
+            if isinstance(ex, Extractor):
+                if metrics is not None:
+                    raise ValueError("only one data source may feed a metrics extractor")
+                metrics = MetricsRuntime(
+                    datastore,
+                    src,
+                    ex,
+                    interval=interval,
+                    staleness=staleness,
+                    recorder=recorder,
+                    refresh_prometheus_interval=refresh_prometheus_interval,
+                    poll_timeout=poll_timeout,
+                    errors=errors,
+                    scraper=scraper,
+                )
+            elif isinstance(ex, PageAttributeExtractor | BodyExtractor):
+                attribute_extractors.append(ex)
+        if attribute_extractors:
+            sources.append(
+                AttributeSourceRuntime(
+                    datastore,
+                    src,
+                    attribute_extractors,
+                    interval=interval,
+                    poll_timeout=poll_timeout,
+                    errors=errors,
+                    scraper=scraper,
+                )
+            )
+    endpoint_events = EndpointEvents(datastore, endpoint_bindings, errors) if endpoint_bindings else None
+    return DataLayer(metrics, sources, endpoint_events, object_events)

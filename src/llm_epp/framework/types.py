@@ -68,6 +68,7 @@ class EndpointMetadata:
     engine: str = "vllm"
     metrics_path: str = "/metrics"
     metrics_port: int | None = None
+    node_address: str = ""  # IP of the node hosting the endpoint (a pod's status.hostIP), "" when unknown
     hostport: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -100,11 +100,18 @@ def endpoints_for(spec: PoolSpec, pods: Iterable[Mapping[str, Any]]) -> list[End
             continue
         active = active_ports(pod, spec.target_ports)
         engine = labels.get(ENGINE_LABEL) or DEFAULT_ENGINE
+        host_ip = _dict(pod.get("status")).get("hostIP")
+        node = host_ip if isinstance(host_ip, str) else ""
         for idx, port in enumerate(spec.target_ports):
             if port in active:
                 out.append(
                     EndpointMetadata(
-                        EndpointKey(namespace, f"{name}-rank-{idx}"), str(ip), port, labels=labels, engine=engine
+                        EndpointKey(namespace, f"{name}-rank-{idx}"),
+                        str(ip),
+                        port,
+                        labels=labels,
+                        engine=engine,
+                        node_address=node,
                     )
                 )
     out.sort(key=lambda m: m.key)

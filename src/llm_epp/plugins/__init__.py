@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from llm_epp.framework import Registry
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
-from llm_epp.plugins.datalayer import core_metrics_extractor, metrics_data_source
+from llm_epp.plugins.datalayer import (
+    core_metrics_extractor,
+    dcgm_data_source,
+    dcgm_extractor,
+    endpoint_notification_source,
+    file_discovery,
+    k8s_notification_source,
+    metrics_data_source,
+    models_data_extractor,
+    models_data_source,
+    topology_extractor,
+)
 from llm_epp.plugins.disagg import (
     always_disagg_multimodal_decider,
     always_disagg_pd_decider,
@@ -52,6 +63,8 @@ from llm_epp.plugins.scheduling import (
     by_label,
     by_label_selector,
     concurrency_detector,
+    endpoint_attribute_filter,
+    endpoint_attribute_scorer,
     header_based_testing_filter,
     header_label_affinity_scorer,
     header_profile_handler,
@@ -74,6 +87,8 @@ from llm_epp.plugins.scheduling import (
     single_profile_handler,
     slo_headroom_tier_filter,
     token_load_scorer,
+    topology_affinity_filter,
+    topology_affinity_scorer,
     utilization_detector,
     utilization_filter,
     weighted_random_picker,
@@ -148,13 +163,24 @@ _MODULES = (
     latency_scorer,
     slo_headroom_tier_filter,
     latency_slo_admitter,
+    dcgm_data_source,
+    dcgm_extractor,
+    models_data_source,
+    models_data_extractor,
+    endpoint_attribute_filter,
+    endpoint_attribute_scorer,
+    file_discovery,
+    endpoint_notification_source,
+    k8s_notification_source,
+    topology_extractor,
+    topology_affinity_filter,
+    topology_affinity_scorer,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
-_DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
 
@@ -209,23 +235,6 @@ UNSUPPORTED: dict[str, str] = {
         _FLOW,
     ),
     "predicted-latency-scorer": _LATENCY_MONOLITH,
-    **dict.fromkeys(
-        (
-            "endpoint-notification-source",
-            "k8s-notification-source",
-            "file-discovery",
-            "models-data-source",
-            "models-data-extractor",
-            "dcgm-data-source",
-            "dcgm-extractor",
-            "topology-extractor",
-            "topology-affinity-filter",
-            "topology-affinity-scorer",
-            "endpoint-attribute-filter",
-            "endpoint-attribute-scorer",
-        ),
-        _DATA,
-    ),
     **dict.fromkeys(
         (
             "multicluster-approx-prefix-cache-producer",

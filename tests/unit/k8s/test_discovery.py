@@ -143,3 +143,12 @@ def test_pool_spec_skips_bad_and_duplicate_ports() -> None:
     assert spec.target_ports == (8000, 9)
     assert spec.label_selector == "app=model"
     assert (spec.namespace, spec.name) == (NS, "pool")
+
+
+def test_the_node_address_comes_from_the_pods_host_ip() -> None:
+    pod = make_pod()
+    pod["status"]["hostIP"] = "192.168.1.7"
+    (md,) = endpoints_for(pool_spec(make_pool()), [pod])
+    assert md.node_address == "192.168.1.7"
+    (unknown,) = endpoints_for(pool_spec(make_pool()), [make_pod()])
+    assert unknown.node_address == ""

@@ -333,17 +333,44 @@ def test_extract_does_not_touch_the_current_metrics() -> None:
     assert metrics is not None and metrics is not current and not math.isnan(metrics.kv_cache_usage)
 
 
-def test_custom_metrics_are_validated_then_refused_as_not_supported_yet() -> None:
+def test_custom_metrics_become_endpoint_attributes() -> None:
     from llm_epp.framework.registry import PluginParamsError as _Err
     from llm_epp.plugins import builtin_registry as _reg
 
     engine = {"name": "my-engine", "queuedRequestsSpec": "q"}
     good = {
         **engine,
-        "customMetrics": [{"attributeKey": "custom.queue_depth", "metricSpec": "custom_queue_depth{tier=gold}"}],
+        "customMetrics": [
+            {"attributeKey": "custom.queue_depth", "metricSpec": "custom_queue_depth{tier=gold}"},
+            {"attributeKey": "llm-d.ai/gpu-temp", "metricSpec": "gpu_temp"},
+            {"attributeKey": "missing", "metricSpec": "absent_metric"},
+        ],
     }
-    with pytest.raises(_Err, match="customMetrics: not supported yet"):
-        _reg().parse_params("core-metrics-extractor", {"engineConfigs": [good]})
+    params = _reg().parse_params("core-metrics-extractor", {"engineConfigs": [good], "defaultEngine": "my-engine"})
+    ex = CoreMetricsExtractor("core-metrics-extractor", "", "my-engine", params.engine_configs)
+    md = ep()
+    assert {"custom_queue_depth", "gpu_temp", "absent_metric", "q"} <= ex.families(md)
+    page = parse(
+        b'q 3\ncustom_queue_depth{tier="silver"} 9\ncustom_queue_depth{tier="gold"} 7\ngpu_temp 71.5\n',
+        ex.families(md),
+    )
+    result = ex.extract(page, md, Metrics(), 5.0)
+    assert result.metrics is not None and result.metrics.waiting_queue_size == 3
+    assert result.attributes == {
+        "custom.queue_depth": 7.0,
+        "custom.queue_depth/core-metrics-extractor": 7.0,
+        "llm-d.ai/gpu-temp": 71.5,
+        "llm-d.ai/gpu-temp/core-metrics-extractor": 71.5,
+    }
+    assert any("custom metric 'missing'" in p for p in result.problems)
+    only_custom = ex.extract(parse(b"gpu_temp 70\n", ex.families(md)), md, Metrics(), 6.0)
+    assert only_custom.metrics is not None and only_custom.metrics.update_time == 6.0
+    twice = {
+        **engine,
+        "customMetrics": [{"attributeKey": "k", "metricSpec": "x"}, {"attributeKey": "k", "metricSpec": "y"}],
+    }
+    with pytest.raises(_Err, match="attributeKey is listed twice"):
+        _reg().parse_params("core-metrics-extractor", {"engineConfigs": [twice]})
     bad = {**engine, "customMetrics": [{"attributeKey": "k", "metricSpec": "x{a=~b}"}]}
     with pytest.raises(_Err, match=r"customMetrics\[0\].metricSpec: .*only equality matchers"):
         _reg().parse_params("core-metrics-extractor", {"engineConfigs": [bad]})

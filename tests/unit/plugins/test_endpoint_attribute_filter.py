@@ -66,18 +66,26 @@ def test_without_producer_the_core_metrics_extractor_is_meant() -> None:
     assert f.key == "num_requests_running/core-metrics-extractor"
 
 
+def test_the_combined_spelling_of_llm_d_router_v0_10_names_the_whole_key() -> None:
+    raw = {
+        "attribute": GPU,
+        "onMissing": "Fail",
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThanOrEqual", "value": 0.9}},
+    }
+    f = EndpointAttributeFilter("f", Params.model_validate(raw))
+    assert f.key == GPU
+    assert names(f.filter(CycleState(), request(), POOL)) == ["b"]
+    agnostic = EndpointAttributeFilter(
+        "f", Params.model_validate({**raw, "attribute": "llm-d.ai/queue", "producer": ""})
+    )
+    assert agnostic.key == "llm-d.ai/queue"
+
+
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
         ({"attribute": "x", "algorithm": {"type": "percentile"}}, "threshold"),
         ({"attribute": "x", "algorithm": {"type": "threshold"}}, "algorithm.threshold is required"),
-        (
-            {
-                "attribute": "GPUUtilization/dcgm-extractor",
-                "algorithm": {"type": "threshold", "threshold": {"operator": "Equal", "value": 1}},
-            },
-            "separate parameters",
-        ),
         (
             {
                 "attribute": "x",
@@ -91,7 +99,7 @@ def test_without_producer_the_core_metrics_extractor_is_meant() -> None:
             "LessThan",
         ),
     ],
-    ids=["algorithm", "no-threshold", "combined-key", "on-missing", "operator"],
+    ids=["algorithm", "no-threshold", "on-missing", "operator"],
 )
 def test_bad_parameters(raw: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValidationError, match=problem):

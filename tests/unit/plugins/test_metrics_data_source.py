@@ -83,13 +83,17 @@ def test_port_overrides_the_endpoint_port() -> None:
         ({"port": 0}, "greater than or equal to 1"),
         ({"port": 70000}, "less than or equal to 65535"),
         ({"interval": "soon"}, "invalid duration"),
-        ({"interval": "1s"}, "interval not supported yet"),
-        ({"caCertPath": "/etc/epp/tls/ca.crt"}, "caCertPath not supported yet"),
+        ({"interval": "-50ms"}, "must not be negative"),
         ({"clientCertPath": "/c.crt"}, "must be set together"),
-        ({"clientCertPath": "/c.crt", "clientKeyPath": "/c.key"}, "clientCertPath, clientKeyPath not supported yet"),
     ],
-    ids=["port-zero", "port-too-big", "bad-interval", "interval", "ca", "cert-without-key", "mtls"],
+    ids=["port-zero", "port-too-big", "bad-interval", "negative-interval", "cert-without-key"],
 )
 def test_refused_parameters(raw: dict[str, object], problem: str) -> None:
     with pytest.raises(PluginParamsError, match=problem):
         builtin_registry().parse_params("metrics-data-source", raw)
+
+
+def test_interval_is_the_sources_own_scrape_period() -> None:
+    source = builtin_registry().build("metrics-data-source", "m", {"interval": "1s", "port": 9100}, FakeHandle())
+    assert isinstance(source, MetricsDataSource)
+    assert (source.interval, source.port) == (1.0, 9100)

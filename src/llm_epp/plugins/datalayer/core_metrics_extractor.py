@@ -19,8 +19,9 @@ Configuration:
         queuedRequestsSpec, runningRequestsSpec, kvUsageSpec, loraSpec, cacheInfoSpec,
         cacheBlockSizeSpec, cacheNumBlocksSpec, plus cacheBlockSizeLabelName / cacheNumBlocksLabelName
         (labels of the cacheInfoSpec series; default block_size / num_gpu_blocks), and customMetrics
-        ({attributeKey, metricSpec} list; validated, then refused as not supported yet: the data layer
-        does not publish endpoint attributes yet). A spec is a PromQL
+        ({attributeKey, metricSpec} list): each a scalar published as a numeric endpoint attribute, under
+        `attributeKey` (llm-d-router v0.10's key) and `<attributeKey>/core-metrics-extractor` (the later
+        key), for `endpoint-attribute-filter` / `-scorer`. A spec is a PromQL
         instant selector `name{label="value"}` (quotes optional, only `=` matchers); "" or an omitted
         spec disables that signal.
 
@@ -159,11 +160,9 @@ class Params(PluginParams):
                     parse_spec(custom.metric_spec)
                 except ValueError as e:
                     problems.append(f"{where}.customMetrics[{j}].metricSpec: {e}")
-            if cfg.custom_metrics:
-                problems.append(
-                    f"{where}.customMetrics: not supported yet: endpoint attributes from custom metrics (read by "
-                    "endpoint-attribute-filter / -scorer) are not published by the data layer yet"
-                )
+            keys = [c.attribute_key for c in cfg.custom_metrics]
+            if len(set(keys)) != len(keys):
+                problems.append(f"{where}.customMetrics: an attributeKey is listed twice")
         default = self.default_engine or DEFAULT_ENGINE
         if default not in seen and default not in {e.name for e in BUILTIN_ENGINES}:
             problems.append(f"defaultEngine: {default!r} is neither a built-in engine nor in engineConfigs")
@@ -227,11 +226,13 @@ class _Mapping:
     cache_num_blocks_label: str
     cache_block_size: Spec | None
     cache_num_blocks: Spec | None
+    custom: tuple[tuple[str, Spec], ...]
     families: frozenset[str]
 
     @classmethod
     def build(cls, cfg: EngineConfig) -> _Mapping:
         specs = {attr: parse_spec(getattr(cfg, attr)) for attr, _ in _SPEC_FIELDS}
+        custom = [(c.attribute_key, spec) for c in cfg.custom_metrics if (spec := parse_spec(c.metric_spec))]
         return cls(
             engine=cfg.name,
             queued=specs["queued_requests_spec"],
@@ -243,7 +244,8 @@ class _Mapping:
             cache_num_blocks_label=cfg.cache_num_blocks_label_name or CACHE_NUM_BLOCKS_LABEL,
             cache_block_size=specs["cache_block_size_spec"],
             cache_num_blocks=specs["cache_num_blocks_spec"],
-            families=frozenset(s.name for s in specs.values() if s is not None),
+            custom=tuple(custom),
+            families=frozenset(s.name for s in (*specs.values(), *(c for _, c in custom)) if s is not None),
         )
 
 
@@ -370,9 +372,16 @@ class CoreMetricsExtractor:
         for spec, attr in ((m.cache_block_size, "cache_block_size"), (m.cache_num_blocks, "cache_num_blocks")):
             if spec is not None and (value := _value(spec, page, problems)) is not None:
                 changes[attr] = int(value)
-        if not changes:
+        attributes: dict[str, object] = {}
+        for key, spec in m.custom:
+            custom_problems: list[str] = []
+            if (value := _value(spec, page, custom_problems)) is not None:
+                attributes[key] = value
+                attributes[f"{key}/{TYPE}"] = value
+            problems.extend(f"custom metric {key!r}: {p}" for p in custom_problems)
+        if not changes and not attributes:
             return Extraction(None, tuple(problems))
-        return Extraction(replace(current, update_time=now, **changes), tuple(problems))
+        return Extraction(replace(current, update_time=now, **changes), tuple(problems), attributes)
 
 
 def factory(name: str, params: Params, handle: Handle) -> CoreMetricsExtractor:

@@ -6,27 +6,29 @@ Scheduling intent:
     sidecar next to the model server (scraped at the pod's IP) or as a DaemonSet (the node's IP).
 
 Inputs consumed:
-    EndpointMetadata.address (the pod IP).
+    EndpointMetadata.address (the pod IP), and with `useNodeAddress` its node_address (the pod's
+    `status.hostIP`, set by InferencePool discovery; endpoints without one are scraped at their own IP).
 
 Configuration:
     scheme (`http` | `https`, default `http`), path (default `/metrics`), port (default 9400: the
     exporter's port, which replaces the endpoint's), insecureSkipVerify (default true).
-    useNodeAddress (default false): `true` (DaemonSet: scrape the node's IP) is not supported yet, since
-        endpoints do not carry their node's address. interval: not supported yet (one scrape period).
+    useNodeAddress (default false): scrape `<node IP>:<port>` (DaemonSet) instead of `<pod IP>:<port>`.
+    interval (Go duration, optional): scrape period, rounded to the nearest multiple of the data layer's
+        base tick (see metrics-data-source); omitted: every base tick.
 
-Not registered yet:
-    The data-layer runtime drives one metrics source; this source needs it to drive several (see
-    `_attributes.py`). The type is listed as not supported yet until then.
+    The exporter's page is polled on its own: a failing exporter never takes the endpoint out of the
+    candidate set; its GPU attributes stop being refreshed.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from llm_epp.framework import EndpointMetadata, Handle, PluginParams, TypedName
 from llm_epp.framework.types import join_host_port
+from llm_epp.plugins.datalayer._interval import check_interval, interval_seconds
 
 TYPE = "dcgm-data-source"
 DEFAULT_PORT = 9400
@@ -40,13 +42,7 @@ class Params(PluginParams):
     use_node_address: bool = Field(default=False, alias="useNodeAddress")
     interval: str = ""
 
-    @model_validator(mode="after")
-    def _supported(self) -> Params:
-        if self.use_node_address:
-            raise ValueError("useNodeAddress: true is not supported yet: endpoints do not carry their node's address")
-        if self.interval:
-            raise ValueError("interval is not supported yet: every source is polled at --refresh-metrics-interval")
-        return self
+    _interval = field_validator("interval")(check_interval)
 
 
 class DcgmDataSource:
@@ -56,6 +52,8 @@ class DcgmDataSource:
         self.scheme = params.scheme
         self.path = params.path if params.path.startswith("/") else "/" + params.path
         self.port = params.port
+        self.use_node_address = params.use_node_address
+        self.interval = interval_seconds(params.interval)
         self._insecure_skip_verify = params.insecure_skip_verify
 
     @property
@@ -67,7 +65,10 @@ class DcgmDataSource:
         return self._insecure_skip_verify
 
     def url(self, endpoint: EndpointMetadata) -> str:
-        return f"{self.scheme}://{join_host_port(endpoint.address, self.port)}{self.path}"
+        host = endpoint.address
+        if self.use_node_address and endpoint.node_address:
+            host = endpoint.node_address
+        return f"{self.scheme}://{join_host_port(host, self.port)}{self.path}"
 
 
 def factory(name: str, params: Params, handle: Handle) -> DcgmDataSource:

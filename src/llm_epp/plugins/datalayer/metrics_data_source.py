@@ -14,10 +14,14 @@ Configuration:
     path (default "/metrics"): URL path of the metrics page; a missing leading "/" is added.
     insecureSkipVerify (default true): with https, do not verify the model server's certificate.
     port (int in [1, 65535], optional): scrape this port instead of the endpoint's (or its metrics port).
+    interval (Go duration, optional): this source's scrape period, rounded to the nearest multiple of the
+        data layer's base tick (`--refresh-metrics-interval`, lowered to the smallest source interval, not
+        below 50 ms); omitted: every base tick.
 
-    Not supported yet (refused with a message): `caCertPath`, `clientCertPath` / `clientKeyPath` (TLS
-    verification against a CA bundle, mTLS) and `interval` (a scrape period per source): the data-layer
-    runtime builds one TLS context (verify or skip) and polls every source at `--refresh-metrics-interval`.
+    caCertPath (optional): with https and insecureSkipVerify false, verify the model server against this PEM
+        CA bundle instead of the system CAs.
+    clientCertPath / clientKeyPath (optional, together): present this client certificate (mTLS).
+    The files are read when the EPP starts; one that cannot be used stops it with the reason.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import EndpointMetadata, Handle, PluginParams, TypedName
-from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.types import join_host_port
+from llm_epp.plugins.datalayer._interval import check_interval, interval_seconds
 
 TYPE = "metrics-data-source"
 DEFAULT_PATH = "/metrics"
@@ -47,29 +51,13 @@ class Params(PluginParams):
     @field_validator("interval")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if value:
-            parse_go_duration(value)
+        check_interval(value)
         return value
 
     @model_validator(mode="after")
-    def _runtime_options(self) -> Params:
+    def _pair(self) -> Params:
         if bool(self.client_cert_path) != bool(self.client_key_path):
             raise ValueError("clientCertPath and clientKeyPath must be set together")
-        unsupported = [
-            key
-            for key, value in (
-                ("caCertPath", self.ca_cert_path),
-                ("clientCertPath", self.client_cert_path),
-                ("clientKeyPath", self.client_key_path),
-                ("interval", self.interval),
-            )
-            if value
-        ]
-        if unsupported:
-            raise ValueError(
-                f"{', '.join(unsupported)} not supported yet: metrics are scraped every --refresh-metrics-interval "
-                "with one TLS setting (insecureSkipVerify); remove the parameter"
-            )
         return self
 
 
@@ -81,9 +69,17 @@ class MetricsDataSource:
         path: str = DEFAULT_PATH,
         insecure_skip_verify: bool = True,
         port: int | None = None,
+        interval: float = 0.0,
+        ca_cert_path: str = "",
+        client_cert_path: str = "",
+        client_key_path: str = "",
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self.port = port
+        self.interval = interval
+        self.ca_cert_path = ca_cert_path
+        self.client_cert_path = client_cert_path
+        self.client_key_path = client_key_path
         self.scheme = scheme
         self.path = path if path.startswith("/") else "/" + path
         self._insecure_skip_verify = insecure_skip_verify
@@ -105,4 +101,14 @@ class MetricsDataSource:
 
 
 def factory(name: str, params: Params, handle: Handle) -> MetricsDataSource:
-    return MetricsDataSource(name, params.scheme, params.path, params.insecure_skip_verify, params.port)
+    return MetricsDataSource(
+        name,
+        params.scheme,
+        params.path,
+        params.insecure_skip_verify,
+        params.port,
+        interval_seconds(params.interval),
+        params.ca_cert_path,
+        params.client_cert_path,
+        params.client_key_path,
+    )

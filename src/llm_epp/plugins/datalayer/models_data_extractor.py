@@ -12,9 +12,6 @@ Inputs consumed:
 Configuration:
     No parameters.
 
-Not registered yet:
-    Publishing endpoint attributes needs the data-layer runtime described in `_attributes.py`. The type
-    is listed as not supported yet until then.
 """
 
 from __future__ import annotations

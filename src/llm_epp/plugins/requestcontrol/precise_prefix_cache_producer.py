@@ -25,7 +25,8 @@ Scheduling intent:
     `topicFilter`, fills sequence gaps from `replaySocketPort` when set, drops an endpoint's blocks when
     its publisher restarts or it leaves the pool. With `zmqEndpoint` it binds one socket there instead and
     the engines connect to it. Subscribers start with the first request that sees a non-empty pool (or
-    eagerly when the application starts the KV index service).
+    eagerly when the application starts the KV index service); listed as an extractor under an
+    `endpoint-notification-source`, the index follows every pool change as it happens.
 
     PreRequest (`speculativeIndexing`): the request's keys are added for the primary target and the
     first target of a profile named `prefill`, marked speculative, and removed after `speculativeTTL`
@@ -81,6 +82,7 @@ from llm_epp.framework import (
     StateKey,
     TypedName,
 )
+from llm_epp.framework.datalayer import AttributeUpdates, EndpointEvent
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, PrefixLookup, kv_index_service
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
@@ -288,6 +290,13 @@ class PrecisePrefixCacheProducer:
         pool = self._handle.endpoints()
         if pool:
             self.index.follow(pool)
+
+    def extract_endpoint_event(self, event: EndpointEvent) -> AttributeUpdates:
+        """Listed under an `endpoint-notification-source`: the pool changed, so the index follows it now
+        (subscribers of joining endpoints start, those of leaving ones stop) rather than at the next request."""
+        self._next_follow = float("-inf")
+        self.follow_pool()
+        return {}
 
     async def prepare_data(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         self.follow_pool()

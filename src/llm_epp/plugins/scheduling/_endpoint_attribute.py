@@ -1,21 +1,21 @@
 """What `endpoint-attribute-filter` and `endpoint-attribute-scorer` share: which endpoint attribute a
-configuration names (`attribute` + `producer`, as the reference resolves them)."""
+configuration names.
+
+llm-d-router v0.10 spells the attribute as one key, `<attribute>/<producer>` (e.g.
+`GPUUtilization/dcgm-extractor`); later versions split it into `attribute` and `producer`, an omitted
+producer meaning `core-metrics-extractor` (the custom metrics). Both spellings are accepted: with a producer
+the key is `<attribute>/<producer>` (an empty producer: the attribute alone); without one, an attribute
+containing "/" is the whole key, and one without is a custom metric of `core-metrics-extractor`."""
 
 from __future__ import annotations
 
 DEFAULT_PRODUCER = "core-metrics-extractor"
 
 
-def resolve_key(what: str, attribute: str, producer: str | None) -> str:
-    """The attribute name `<attribute>/<producer>`. Without a producer the attribute is a custom metric of
-    `core-metrics-extractor`; an attribute containing "/" then needs the producer spelled out."""
+def resolve_key(attribute: str, producer: str | None) -> str:
+    """The name the attribute is stored under in `Endpoint.attributes`."""
     if producer is not None:
-        return f"{attribute}/{producer}"
+        return f"{attribute}/{producer}" if producer else attribute
     if "/" in attribute:
-        head, _, tail = attribute.rpartition("/")
-        raise ValueError(
-            f"{what} {attribute!r} contains '/' but no producer is set: the attribute and its producer are "
-            f"separate parameters (e.g. {what}: {head!r} and producer: {tail!r}); if the name itself contains "
-            "'/', set producer explicitly"
-        )
+        return attribute
     return f"{attribute}/{DEFAULT_PRODUCER}"

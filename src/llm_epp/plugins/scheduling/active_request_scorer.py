@@ -19,8 +19,10 @@ Configuration:
         [0, 1] fall back to 1.0. Both fallbacks mirror llm-d and log a warning.
     requestTimeout (duration string, e.g. "2m"): accepted for compatibility and ignored; the core's
         accounting is released on completion, so nothing can leak.
-    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
-        keeps one in-flight account per endpoint (in the core), which every name refers to.
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. It must
+        name a declared `inflight-load-producer` (or be `inflight-load-producer`); other names are refused
+        when the configuration loads. llm-epp keeps one in-flight account per endpoint (in the core), which
+        every inflight-load-producer stands for.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ Configuration:
     maxConcurrency (int > 0, default 100): ideal in-flight requests per endpoint (requests mode).
     maxTokenConcurrency (int > 0, default 1000000): ideal in-flight tokens per endpoint (tokens mode).
     headroom (float >= 0, default 0.0): the filter's burst allowance above the ideal capacity.
-    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
-        keeps one in-flight account per endpoint (in the core), which every name refers to.
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. It must
+        name a declared `inflight-load-producer` (or be `inflight-load-producer`); other names are refused
+        when the configuration loads. llm-epp keeps one in-flight account per endpoint (in the core), which
+        every inflight-load-producer stands for.
 
     saturation(endpoints) = sum of in-flight / (len(endpoints) x capacity); no endpoints gives 1.0.
     filter keeps endpoints with in-flight < int(capacity x (1 + headroom)). As in the reference (v1.5),

@@ -9,17 +9,15 @@ Inputs consumed:
 
 Configuration:
     attribute (string, required): the attribute, e.g. `num_requests_running` or `GPUUtilization`.
-    producer (string, optional): the plugin publishing it; left out means `core-metrics-extractor` (then
-        an attribute containing "/" is refused: set producer explicitly).
+    producer (string, optional): the plugin publishing it. Left out: an attribute containing "/" is the
+        whole key (llm-d-router v0.10's spelling, e.g. `GPUUtilization/dcgm-extractor`), one without is a
+        custom metric of `core-metrics-extractor`.
     onMissing (`Pass` | `Fail`, default `Pass`): keep or drop endpoints without the attribute.
     fallbackOnEmpty (bool, default false): when every endpoint is dropped, keep them all instead.
     algorithm.type (`threshold`, required) with algorithm.threshold.operator (`LessThan`,
         `LessThanOrEqual`, `GreaterThan`, `GreaterThanOrEqual`, `Equal`, `NotEqual`) and
         algorithm.threshold.value (number): an endpoint passes when `value <op> threshold`.
 
-Not registered yet:
-    No data source publishes endpoint attributes yet (see `plugins/datalayer/_attributes.py`); until one
-    does, every endpoint would count as missing the attribute. The type is listed as not supported yet.
 """
 
 from __future__ import annotations
@@ -74,16 +72,11 @@ class Params(PluginParams):
     fallback_on_empty: bool = Field(default=False, alias="fallbackOnEmpty")
     algorithm: Algorithm
 
-    @model_validator(mode="after")
-    def _key(self) -> Params:
-        resolve_key("attribute", self.attribute, self.producer)
-        return self
-
 
 class EndpointAttributeFilter:
     def __init__(self, name: str, params: Params) -> None:
         self._typed_name = TypedName(TYPE, name)
-        self.key = resolve_key("attribute", params.attribute, params.producer)
+        self.key = resolve_key(params.attribute, params.producer)
         self.pass_on_missing = params.on_missing == "Pass"
         self.fallback_on_empty = params.fallback_on_empty
         threshold = params.algorithm.threshold

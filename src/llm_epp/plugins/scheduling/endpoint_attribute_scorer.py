@@ -9,17 +9,15 @@ Inputs consumed:
     Endpoint.attributes[`<attributeKey>/<producer>`] (a number). An endpoint without it scores 0.
 
 Configuration:
-    attributeKey (string, required); producer (optional; left out means `core-metrics-extractor`, and an
-        attributeKey containing "/" is then refused).
+    attributeKey (string, required); producer (optional). Left out: an attributeKey containing "/" is the
+        whole key (llm-d-router v0.10's spelling, e.g. `GPUUtilization/dcgm-extractor`), one without is a
+        custom metric of `core-metrics-extractor`.
     algorithm.type (`linear_lower_is_better` | `linear_higher_is_better`, required).
     algorithm.normalization: at most one of
         adaptiveRange ({}; the default): min and max over the candidates that have the attribute; when all
             share one value each scores 1.0.
         fixedRange ({min, max}, min < max): the configured bounds; values outside are clamped.
 
-Not registered yet:
-    No data source publishes endpoint attributes yet (see `plugins/datalayer/_attributes.py`). The type is
-    listed as not supported yet until one does.
 """
 
 from __future__ import annotations
@@ -85,18 +83,13 @@ class Params(PluginParams):
     producer: str | None = None
     algorithm: Algorithm
 
-    @model_validator(mode="after")
-    def _key(self) -> Params:
-        resolve_key("attributeKey", self.attribute_key, self.producer)
-        return self
-
 
 class EndpointAttributeScorer:
     category = ScorerCategory.DISTRIBUTION
 
     def __init__(self, name: str, params: Params) -> None:
         self._typed_name = TypedName(TYPE, name)
-        self.key = resolve_key("attributeKey", params.attribute_key, params.producer)
+        self.key = resolve_key(params.attribute_key, params.producer)
         self.lower_is_better = params.algorithm.type == "linear_lower_is_better"
         self.fixed = params.algorithm.normalization.fixed_range
 

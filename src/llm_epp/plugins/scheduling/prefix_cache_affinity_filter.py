@@ -32,8 +32,10 @@ Configuration:
     peakPrefillThroughput (float >= 0 tokens/s, default 15928, calibrated upstream for Qwen3-32B on
         2 x H100 TP=2): must be > 0 when the gate uses `prefillThroughput`.
     prefixMatchInfoProducerName (default ""): only `approx-prefix-cache-producer` is supported.
-    inFlightLoadProducerName (default ""): the `inflight-load-producer` whose tokens the gate reads; llm-epp
-        keeps one in-flight account per endpoint (in the core), which every name refers to.
+    inFlightLoadProducerName (default ""): the `inflight-load-producer` whose tokens the gate reads. It must
+        name a declared `inflight-load-producer` (or be `inflight-load-producer`); other names are refused
+        when the configuration loads. llm-epp keeps one in-flight account per endpoint (in the core), which
+        every inflight-load-producer stands for.
     latencyPredictionInfoProducerName (default ""): "" or `predicted-latency-producer` (the only
         producer of latency predictions); other names are not supported yet.
 """

@@ -13,8 +13,10 @@ Configuration:
     queueThresholdTokens (int, default 4194304 = 128 requests of 32K tokens): the load that scores 0.
     Score = 1 - min(1, tokens / queueThresholdTokens); no load scores 1.0. As in the reference, a value
     <= 0 falls back to the default (with a warning).
-    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. llm-epp
-        keeps one in-flight account per endpoint (in the core), which every name refers to.
+    inFlightLoadProducerName (string, default ""): the `inflight-load-producer` whose counts to read. It must
+        name a declared `inflight-load-producer` (or be `inflight-load-producer`); other names are refused
+        when the configuration loads. llm-epp keeps one in-flight account per endpoint (in the core), which
+        every inflight-load-producer stands for.
 """
 
 from __future__ import annotations
