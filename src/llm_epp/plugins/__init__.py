@@ -30,7 +30,13 @@ from llm_epp.plugins.flowcontrol import (
     soft_reflective_ceiling_policy,
     static_usage_limit_policy,
 )
-from llm_epp.plugins.parsers import openai_parser, passthrough_parser
+from llm_epp.plugins.parsers import (
+    anthropic_parser,
+    openai_parser,
+    passthrough_parser,
+    sglanghttp_parser,
+    vllmhttp_parser,
+)
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
     approx_prefix_cache_producer,
@@ -107,6 +113,9 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
+    vllmhttp_parser,
+    sglanghttp_parser,
+    anthropic_parser,
     session_affinity_filter,
     session_id_producer,
     agent_identity,
@@ -154,7 +163,7 @@ _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
-_PARSER = "request parsers as configurable plugins"
+_PARSER = "request parsers of gRPC APIs"
 
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
@@ -237,18 +246,7 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _MULTI,
     ),
-    **dict.fromkeys(
-        (
-            "openai-parser",
-            "passthrough-parser",
-            "vllmgrpc-parser",
-            "vllmhttp-parser",
-            "sglanghttp-parser",
-            "anthropic-parser",
-            "vertexai-parser",
-        ),
-        _PARSER,
-    ),
+    **dict.fromkeys(("vllmgrpc-parser", "vertexai-parser"), _PARSER),
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
 the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
