@@ -35,10 +35,6 @@ ROUTER = "llm-d-router v0.10"
 GUIDES = "llm-d guides"
 
 NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
-    "gie-chart-grpc-parser.yaml": (
-        f"{GIE} config/charts/epplib/templates/_config.yaml (modelServerProtocol grpc)",
-        frozenset({"vllmgrpc-parser"}),
-    ),
     "router-precise-prefix.yaml": (
         f"{ROUTER} deploy/config/epp-precise-prefix-cache-config.yaml, "
         "test/perf/config/router-configs/precise-prefix.yaml",

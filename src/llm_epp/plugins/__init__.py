@@ -35,6 +35,8 @@ from llm_epp.plugins.parsers import (
     openai_parser,
     passthrough_parser,
     sglanghttp_parser,
+    vertexai_parser,
+    vllmgrpc_parser,
     vllmhttp_parser,
 )
 from llm_epp.plugins.requestcontrol import (
@@ -116,6 +118,8 @@ _MODULES = (
     vllmhttp_parser,
     sglanghttp_parser,
     anthropic_parser,
+    vertexai_parser,
+    vllmgrpc_parser,
     session_affinity_filter,
     session_id_producer,
     agent_identity,
@@ -163,7 +167,6 @@ _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
-_PARSER = "request parsers of gRPC APIs"
 
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
@@ -246,7 +249,6 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _MULTI,
     ),
-    **dict.fromkeys(("vllmgrpc-parser", "vertexai-parser"), _PARSER),
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with
 the feature each belongs to. A configuration naming one is refused with "not supported yet" and that
