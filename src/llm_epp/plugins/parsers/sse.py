@@ -2,13 +2,15 @@
 
 `SseDataReader` reassembles `data:` lines across response body chunks and hands each complete line whose
 bytes contain the reader's `marker` to `take` (the payload after `data:`, stripped). Lines without the
-marker cost a substring search only, so token events of a long stream are not decoded."""
+marker cost a substring search only, so token events of a long stream are not decoded. A line longer than
+MAX_LINE_BYTES is dropped rather than held (usage events are small)."""
 
 from __future__ import annotations
 
 from llm_epp.framework.requestcontrol import Usage
 
 _DATA = b"data:"
+MAX_LINE_BYTES = 1 << 20
 
 
 class SseDataReader:
@@ -30,9 +32,9 @@ class SseDataReader:
         last_nl = data.rfind(b"\n")
         marker = self.marker
         if last_nl < 0:
-            self._partial = data
+            self._partial = data if len(data) <= MAX_LINE_BYTES else b""
         else:
-            self._partial = data[last_nl + 1 :]
+            self._partial = data[last_nl + 1 :] if len(data) - last_nl <= MAX_LINE_BYTES else b""
             complete = data[: last_nl + 1]
             if marker in complete:
                 for line in complete.split(b"\n"):
