@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from llm_epp.gateway.envoy_config import POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
+from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.plugins.parsers.wire import vertex_prediction_pb2 as vx
@@ -29,12 +29,6 @@ SERVICE = "vllm.grpc.engine.VllmEngine"
 VERTEX = "google.cloud.aiplatform.v1beta1.PredictionService"
 INPUT_TOKENS = "inference_objective_input_tokens_sum"
 OUTPUT_TOKENS = "inference_objective_output_tokens_sum"
-_H2 = {
-    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http2_protocol_options": {}},
-    }
-}
 
 
 @dataclass
@@ -216,13 +210,10 @@ def gateway(pods: Pods) -> Iterator[Gateway]:
         epp_tls=False,
         response_body_mode="FULL_DUPLEX_STREAMED",
         failure_mode="FailClose",
+        pool_protocol="h2c",  # an InferencePool with appProtocol kubernetes.io/h2c
     )
-    bootstrap = build_bootstrap(opts)
-    for cluster in bootstrap["static_resources"]["clusters"]:
-        if cluster["name"] == POOL_CLUSTER:  # an InferencePool with appProtocol kubernetes.io/h2c
-            cluster["typed_extension_protocol_options"] = _H2
     try:
-        envoy = EnvoyProcess(bootstrap).start()
+        envoy = EnvoyProcess(build_bootstrap(opts)).start()
     except Exception:
         epp.stop()
         raise
