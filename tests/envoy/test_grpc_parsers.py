@@ -72,9 +72,15 @@ def _servicer(pods: Pods, index: int) -> grpc.GenericRpcHandler:
         n = len(request.tokenized.input_ids)
         return pb.EmbedResponse(embedding=[0.5, -0.5], prompt_tokens=n, embedding_dim=2)
 
+    def health(request: bytes, context: grpc.ServicerContext) -> bytes:
+        with pods.lock:
+            pods.seen.append((index, "HealthCheck", request))
+        return b"\x08\x01"  # HealthCheckResponse{healthy: true}
+
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
+            "HealthCheck": grpc.unary_unary_rpc_method_handler(health),
             "Generate": grpc.unary_stream_rpc_method_handler(
                 generate,
                 request_deserializer=pb.GenerateRequest.FromString,
@@ -148,6 +154,7 @@ kind: EndpointPickerConfig
 plugins:
 - {type: vllmgrpc-parser}
 - {type: vertexai-parser}
+- {type: passthrough-parser}
 - {type: approx-prefix-cache-producer, parameters: {blockSizeTokens: 4, autoTune: false}}
 - {type: prefix-cache-scorer}
 - {type: max-score-picker}
@@ -160,6 +167,7 @@ requestHandler:
   parsers:
   - {pluginRef: vllmgrpc-parser}
   - {pluginRef: vertexai-parser}
+  - {pluginRef: passthrough-parser}
 """
 
 
@@ -286,6 +294,12 @@ def test_bad_requests_are_refused_before_any_pod(gateway: Gateway, pods: Pods, s
     assert err.value.code() is not grpc.StatusCode.OK
     assert fragment in (err.value.details() or ""), err.value.details()
     assert pods.take() == []
+
+
+def test_an_unclaimed_method_reaches_a_pod_through_the_passthrough_fallback(gateway: Gateway, pods: Pods) -> None:
+    call = gateway.channel.unary_unary(f"/{SERVICE}/HealthCheck")
+    assert call(b"", timeout=30) == b"\x08\x01"
+    assert [s[1:] for s in pods.take()] == [("HealthCheck", b"")]
 
 
 def test_repeats_of_a_token_prompt_follow_its_prefix_to_one_pod(gateway: Gateway, pods: Pods) -> None:

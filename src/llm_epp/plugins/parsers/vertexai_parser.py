@@ -12,7 +12,8 @@ Scheduling intent:
     So scheduling sees the model and the prompt, and a bad JSON body gets the same 400 as over HTTP, prefixed
     with the message it came in. A body that is not one uncompressed gRPC frame, an envelope that does not
     decode or has no `http_body` is a 400 that says so. The body is forwarded exactly as sent (the model is
-    not rewritten inside the envelope). Any other method reaches an endpoint without being read.
+    not rewritten inside the envelope). Only those three methods are claimed: configure
+    `passthrough-parser` after this parser to route other methods unread.
 
 Inputs consumed:
     The request path (the gRPC method), the gRPC request body, and the gRPC response: each `HttpBody`

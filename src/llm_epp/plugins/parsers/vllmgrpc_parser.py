@@ -14,7 +14,8 @@ Scheduling intent:
     is extracted or rewritten; the body is forwarded exactly as sent. A body that is not one uncompressed
     gRPC frame, a message that does not decode, a Generate request with neither input, or an Embed request
     without `tokenized` is a 400 that says so (compressed requests are refused: send them uncompressed).
-    Other methods of the service reach an endpoint without being read.
+    Only those two methods are claimed: to route the service's other methods (HealthCheck, GetModelInfo,
+    ...), configure `passthrough-parser` after this parser as the fallback.
 
 Inputs consumed:
     The request path (the gRPC method), the gRPC request body, and the gRPC response: token usage
