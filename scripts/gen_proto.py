@@ -1,11 +1,12 @@
-"""Regenerates the Python modules of the project's own gRPC API from `proto/`.
+"""Regenerates the Python modules of the project's .proto files under `proto/`.
 
-    python scripts/gen_proto.py           # rewrite src/llm_epp/api/v1/picker_pb2{,_grpc}.py{,i}
+    python scripts/gen_proto.py           # rewrite the generated modules (see GROUPS)
     python scripts/gen_proto.py --check   # exit 1 when the committed modules are stale
 
-The .proto files keep their wire package (`llm_epp.v1`, file `llm_epp/v1/picker.proto`) while the
-generated modules live under `llm_epp.api.v1`, so the one import protoc writes between them is
-rewritten after generation. Generation is deterministic for a given grpcio-tools version."""
+Each group keeps its .proto files' wire package (e.g. `llm_epp.v1`, file `llm_epp/v1/picker.proto`) while
+the generated modules live in a Python package of the project (`llm_epp.api.v1`), so the imports protoc
+writes between them are rewritten after generation. gRPC stubs are generated only for groups that declare
+a service. Generation is deterministic for a given grpcio-tools version."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc_tools  # type: ignore[import-untyped]
@@ -20,25 +22,41 @@ import grpc_tools  # type: ignore[import-untyped]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = REPO_ROOT / "proto"
 OUTPUT_ROOT = REPO_ROOT / "src"
-PROTOS = ("llm_epp/v1/picker.proto",)
-PROTO_PACKAGE = "llm_epp.v1"  # where protoc places the modules (the .proto's directory)
-PYTHON_PACKAGE = "llm_epp.api.v1"  # where they are committed
 COMMAND = "python scripts/gen_proto.py"
 
 
-def _target(generated: Path, tmp: Path) -> Path:
+@dataclass(frozen=True)
+class Group:
+    protos: tuple[str, ...]  # relative to proto/
+    proto_package: str  # where protoc places the modules (the .proto files' directory)
+    python_package: str  # where they are committed
+    services: bool  # generate gRPC stubs
+
+
+GROUPS = (
+    # the Pick API served by llm-epp
+    Group(("llm_epp/v1/picker.proto",), "llm_epp.v1", "llm_epp.api.v1", services=True),
+    # model-server request messages decoded by the gRPC request parsers
+    Group(
+        ("llm_epp/parsers/v1/vllm_engine.proto", "llm_epp/parsers/v1/vertex_prediction.proto"),
+        "llm_epp.parsers.v1",
+        "llm_epp.plugins.parsers.wire",
+        services=False,
+    ),
+)
+
+
+def _target(generated: Path, tmp: Path, group: Group) -> Path:
     """`<tmp>/llm_epp/v1/x_pb2.py` -> `llm_epp/api/v1/x_pb2.py` (relative to the output root)."""
-    rel = generated.relative_to(tmp / PROTO_PACKAGE.replace(".", "/"))
-    return Path(PYTHON_PACKAGE.replace(".", "/")) / rel
+    rel = generated.relative_to(tmp / group.proto_package.replace(".", "/"))
+    return Path(group.python_package.replace(".", "/")) / rel
 
 
-def _fix_imports(text: str) -> str:
-    return text.replace(f"from {PROTO_PACKAGE} import ", f"from {PYTHON_PACKAGE} import ")
+def _fix_imports(text: str, group: Group) -> str:
+    return text.replace(f"from {group.proto_package} import ", f"from {group.python_package} import ")
 
 
-def generate() -> dict[Path, str]:
-    """Runs protoc into a scratch directory; returns {path relative to src/: file text}."""
-    well_known = Path(grpc_tools.__file__).parent / "_proto"
+def _generate_group(group: Group, well_known: Path) -> dict[Path, str]:
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(scratch)
         cmd = [
@@ -49,13 +67,24 @@ def generate() -> dict[Path, str]:
             f"-I{well_known}",
             f"--python_out={tmp}",
             f"--pyi_out={tmp}",
-            f"--grpc_python_out={tmp}",
-            *(str(PROTO_ROOT / p) for p in PROTOS),
+            *([f"--grpc_python_out={tmp}"] if group.services else []),
+            *(str(PROTO_ROOT / p) for p in group.protos),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"protoc failed:\n{proc.stderr}")
-        return {_target(f, tmp): _fix_imports(f.read_text()) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        return {
+            _target(f, tmp, group): _fix_imports(f.read_text(), group) for f in sorted(tmp.rglob("*")) if f.is_file()
+        }
+
+
+def generate() -> dict[Path, str]:
+    """Runs protoc into scratch directories; returns {path relative to src/: file text}."""
+    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    out: dict[Path, str] = {}
+    for group in GROUPS:
+        out.update(_generate_group(group, well_known))
+    return out
 
 
 def stale(out_root: Path = OUTPUT_ROOT) -> list[str]:

@@ -36,7 +36,8 @@ class RequestPath:
 
 def configured_parsers(config: LoadedConfig) -> list[Parser]:
     """The parsers named by `requestHandler.parsers` (or GIE's `parser`), in their order; llm-d-router's default
-    list (openai-parser, then passthrough-parser as the fallback) when the configuration names none."""
+    list (openai-parser, anthropic-parser, vllmhttp-parser, then passthrough-parser as the fallback) when the
+    configuration names none."""
     return list(config.parsers) or default_parsers()
 
 

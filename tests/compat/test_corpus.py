@@ -29,10 +29,6 @@ ROUTER = "llm-d-router v0.10"
 GUIDES = "llm-d guides"
 
 NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
-    "gie-chart-grpc-parser.yaml": (
-        f"{GIE} config/charts/epplib/templates/_config.yaml (modelServerProtocol grpc)",
-        frozenset({"vllmgrpc-parser"}),
-    ),
     "guide-async-flow-control.yaml": (
         f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
         frozenset({EVICTION}),

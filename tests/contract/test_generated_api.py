@@ -1,5 +1,5 @@
-"""The committed modules under src/llm_epp/api/ must be what scripts/gen_proto.py generates from proto/
-today: edit the .proto, regenerate, commit both."""
+"""The committed modules under src/llm_epp/api/ and src/llm_epp/plugins/parsers/wire/ must be what
+scripts/gen_proto.py generates from proto/ today: edit the .proto, regenerate, commit both."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_committed_modules_match_the_protos() -> None:
 
 def test_no_leftover_generated_modules() -> None:
     generated = {SRC / rel for rel in _gen_proto().generate()}
-    committed = {p for p in (SRC / "llm_epp" / "api").rglob("*_pb2*") if p.suffix in (".py", ".pyi")}
+    roots = (SRC / "llm_epp" / "api", SRC / "llm_epp" / "plugins" / "parsers" / "wire")
+    committed = {p for root in roots for p in root.rglob("*_pb2*") if p.suffix in (".py", ".pyi")}
     leftover = sorted(str(p.relative_to(SRC)) for p in committed - generated)
     assert not leftover, f"generated modules without a .proto: {leftover}; delete them"
 

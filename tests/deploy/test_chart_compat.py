@@ -133,6 +133,23 @@ def test_passthrough_parser_guide_renders_a_config_that_loads(tmp_path: Any) -> 
     assert [p.typed_name.type for p in loaded.parsers] == ["passthrough-parser"]
 
 
+def test_grpc_model_servers_render_the_vllm_grpc_parser_and_an_h2c_pool(tmp_path: Any) -> None:
+    """config/charts/inferencepool/values.yaml@v1.5.0: modelServerProtocol grpc (vLLM)."""
+    objs = render(
+        with_sets("inferencePool.modelServers.matchLabels.app=vllm", "inferencePool.modelServerProtocol=grpc")
+    )
+    [text] = [
+        o["data"]["default-plugins.yaml"]
+        for (kind, _), o in objs.items()
+        if kind == "ConfigMap" and "data" in o and "default-plugins.yaml" in o["data"]
+    ]
+    (tmp_path / "c.yaml").write_text(text)
+    loaded = load_config(tmp_path / "c.yaml", builtin_registry(), NullRecorder())
+    assert [p.typed_name.type for p in loaded.parsers] == ["vllmgrpc-parser"]
+    [pool] = [o for (kind, _), o in objs.items() if kind == "InferencePool"]
+    assert "kubernetes.io/h2c" in str(pool)
+
+
 def test_tracing_renders_the_reference_flag_and_environment() -> None:
     """site-src/guides/trace.md@v1.5.0: tracing.enabled=true."""
     vals = with_sets(
@@ -160,8 +177,6 @@ def test_tracing_renders_the_reference_flag_and_environment() -> None:
             ("inferenceExtension.latencyPredictor.enabled=true", "provider.name=gke"),
             "inferenceExtension.latencyPredictor.enabled: latency prediction",
         ),
-        # config/charts/inferencepool/values.yaml@v1.5.0: modelServerProtocol grpc
-        (("inferencePool.modelServerProtocol=grpc",), "vllmgrpc-parser, which is not supported yet"),
     ],
 )
 def test_documented_features_llm_epp_lacks_fail_clearly(sets: tuple[str, ...], message: str) -> None:

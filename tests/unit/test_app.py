@@ -36,7 +36,12 @@ parser:
 
 def test_without_configured_parsers_the_default_list_is_used() -> None:
     config = load_config_text(None, builtin_registry(), NullRecorder())
-    assert [p.typed_name.type for p in configured_parsers(config)] == ["openai-parser", "passthrough-parser"]
+    assert [p.typed_name.type for p in configured_parsers(config)] == [
+        "openai-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        "passthrough-parser",
+    ]
 
 
 def test_configured_parsers_replace_the_default_list() -> None:

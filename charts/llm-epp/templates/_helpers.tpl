@@ -66,7 +66,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/* The request parser of the generated config, chosen as the reference chart does: vLLM over gRPC gets
-vllmgrpc-parser, otherwise inferencePool.parser (empty: the EPP's default, openai-parser). */}}
+vllmgrpc-parser, otherwise inferencePool.parser (empty: the EPP's default parser list). */}}
 {{- define "llm-epp.parserType" -}}
 {{- if and (eq (include "llm-epp.modelServerType" .) "vllm") (eq (include "llm-epp.modelServerProtocol" .) "grpc") -}}
 vllmgrpc-parser
@@ -79,6 +79,11 @@ vllmgrpc-parser
 {{- define "llm-epp.supportedParsers" -}}
 openai-parser
 passthrough-parser
+anthropic-parser
+vllmhttp-parser
+sglanghttp-parser
+vllmgrpc-parser
+vertexai-parser
 {{- end -}}
 
 {{/* Model server ports: inferencePool.targetPorts, or the legacy single inferencePool.targetPortNumber. */}}
@@ -282,11 +287,7 @@ dataLayer:
 {{- end -}}
 {{- $parser := include "llm-epp.parserType" . -}}
 {{- if and $parser (not (has $parser (include "llm-epp.supportedParsers" . | splitList "\n"))) -}}
-{{- if eq $parser "vllmgrpc-parser" -}}
-{{- fail "inferencePool.modelServerProtocol: grpc with vLLM needs the vllmgrpc-parser, which is not supported yet by llm-epp; use modelServerProtocol http" -}}
-{{- else -}}
 {{- fail (printf "inferencePool.parser: %q is not supported yet by llm-epp; supported: %s (or empty)" $parser (include "llm-epp.supportedParsers" . | splitList "\n" | join ", ")) -}}
-{{- end -}}
 {{- end -}}
 {{- range (include "llm-epp.flagList" . | fromJsonArray) -}}
 {{- if not .name -}}

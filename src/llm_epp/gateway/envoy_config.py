@@ -91,6 +91,7 @@ REQUEST_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
 RESPONSE_BODY_MODES = ("NONE", "FULL_DUPLEX_STREAMED")
 RESPONSE_HEADER_MODES = ("SEND", "SKIP")
 ROUTING_MODES = ("metadata", "header")
+POOL_PROTOCOLS = ("http", "h2c")
 
 
 # Envoy's default circuit breakers cap a cluster at 1024 concurrent requests; every in-flight LLM request
@@ -122,6 +123,7 @@ class EnvoyConfigOptions:
     response_body_mode: str = "NONE"
     response_header_mode: str = "SEND"
     routing: str = "metadata"
+    pool_protocol: str = "http"
     fallback_endpoints: tuple[str, ...] = ()
     no_epp: bool = False
     message_timeout_s: float = 1000.0
@@ -135,6 +137,7 @@ class EnvoyConfigOptions:
         _choice("response_body_mode", self.response_body_mode, RESPONSE_BODY_MODES)
         _choice("response_header_mode", self.response_header_mode, RESPONSE_HEADER_MODES)
         _choice("routing", self.routing, ROUTING_MODES)
+        _choice("pool_protocol", self.pool_protocol, POOL_PROTOCOLS)
         for name in ("listen_port", "admin_port", "epp_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -507,7 +510,7 @@ def pool_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
         }
     else:
         lb_config = {"use_http_header": True, "http_header_name": DESTINATION_HEADER}
-    return {
+    cluster: dict[str, Any] = {
         "name": POOL_CLUSTER,
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
@@ -515,6 +518,17 @@ def pool_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
         "circuit_breakers": _circuit_breakers(),
         "original_dst_lb_config": lb_config,
     }
+    return _with_pool_protocol(cluster, opts)
+
+
+def _with_pool_protocol(cluster: dict[str, Any], opts: EnvoyConfigOptions) -> dict[str, Any]:
+    """HTTP/2 cleartext to the model servers when they speak gRPC (InferencePool appProtocol
+    kubernetes.io/h2c); Envoy's default, HTTP/1.1, otherwise."""
+    if opts.pool_protocol == "h2c":
+        cluster["typed_extension_protocol_options"] = {
+            _HTTP_OPTIONS_KEY: {"@type": _HTTP_OPTIONS_TYPE, "explicit_http_config": {"http2_protocol_options": {}}}
+        }
+    return cluster
 
 
 def round_robin_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]:
@@ -533,11 +547,11 @@ def round_robin_cluster(name: str, endpoints: tuple[str, ...]) -> dict[str, Any]
 def build_bootstrap(opts: EnvoyConfigOptions) -> dict[str, Any]:
     """The whole Envoy bootstrap as a plain dict (snake_case field names, durations as strings)."""
     if opts.no_epp:
-        clusters = [round_robin_cluster(POOL_CLUSTER, opts.fallback_endpoints)]
+        clusters = [_with_pool_protocol(round_robin_cluster(POOL_CLUSTER, opts.fallback_endpoints), opts)]
     else:
         clusters = [epp_cluster(opts), pool_cluster(opts)]
         if opts.fallback_endpoints:
-            clusters.append(round_robin_cluster(FALLBACK_CLUSTER, opts.fallback_endpoints))
+            clusters.append(_with_pool_protocol(round_robin_cluster(FALLBACK_CLUSTER, opts.fallback_endpoints), opts))
     return {
         "admin": admin_block(opts),
         "static_resources": {"listeners": [listener_block(opts)], "clusters": clusters},
@@ -653,6 +667,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how Envoy reads the EPP's choice: envoy.lb dynamic metadata or the request header",
     )
     g.add_argument(
+        "--pool-protocol",
+        choices=POOL_PROTOCOLS,
+        default=d.pool_protocol,
+        help="protocol to the model servers: http (HTTP/1.1) or h2c (HTTP/2 cleartext, for gRPC model servers "
+        "such as vLLM's gRPC API; the InferencePool appProtocol kubernetes.io/h2c)",
+    )
+    g.add_argument(
         "--endpoints",
         default="",
         metavar="IP:PORT,...",
@@ -684,6 +705,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
         "response_body_mode": args.response_body_mode,
         "response_header_mode": args.response_header_mode,
         "routing": args.routing,
+        "pool_protocol": args.pool_protocol,
         "fallback_endpoints": endpoints,
         "no_epp": args.no_epp,
         "message_timeout_s": message_timeout_for(args.message_timeout, args.epp_config),

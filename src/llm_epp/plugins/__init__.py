@@ -42,7 +42,15 @@ from llm_epp.plugins.flowcontrol import (
     soft_reflective_ceiling_policy,
     static_usage_limit_policy,
 )
-from llm_epp.plugins.parsers import openai_parser, passthrough_parser
+from llm_epp.plugins.parsers import (
+    anthropic_parser,
+    openai_parser,
+    passthrough_parser,
+    sglanghttp_parser,
+    vertexai_parser,
+    vllmgrpc_parser,
+    vllmhttp_parser,
+)
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
     approx_prefix_cache_producer,
@@ -123,6 +131,11 @@ _MODULES = (
     core_metrics_extractor,
     openai_parser,
     passthrough_parser,
+    vllmhttp_parser,
+    sglanghttp_parser,
+    anthropic_parser,
+    vertexai_parser,
+    vllmgrpc_parser,
     session_affinity_filter,
     session_id_producer,
     agent_identity,
@@ -182,7 +195,6 @@ _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
 _LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _MULTI = "multi-cluster routing"
-_PARSER = "request parsers as configurable plugins"
 
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
@@ -247,18 +259,6 @@ UNSUPPORTED: dict[str, str] = {
             "multicluster-session-affinity-filter",
         ),
         _MULTI,
-    ),
-    **dict.fromkeys(
-        (
-            "openai-parser",
-            "passthrough-parser",
-            "vllmgrpc-parser",
-            "vllmhttp-parser",
-            "sglanghttp-parser",
-            "anthropic-parser",
-            "vertexai-parser",
-        ),
-        _PARSER,
     ),
 }
 """Plugin types of the reference EPPs (GIE v1.5.0, llm-d-router) that llm-epp does not offer yet, with

@@ -581,9 +581,9 @@ ERROR_CASES = [
         id="data-instead-of-dataLayer",
     ),
     pytest.param(
-        _yaml("parser:\n  pluginRef: vllmgrpc-parser\n"),
-        ["parser.pluginRef: no plugin named 'vllmgrpc-parser' is defined and it is not a parser type"],
-        id="unsupported-parser",
+        _yaml("parser:\n  pluginRef: grpc-parser\n"),
+        ["parser.pluginRef: no plugin named 'grpc-parser' is defined and it is not a parser type"],
+        id="unknown-parser",
     ),
     pytest.param(
         _yaml("saturationDetector:\n  pluginRef: sat\n"),

@@ -109,6 +109,9 @@ def _variants() -> Iterator[Any]:
         EnvoyConfigOptions(fallback_endpoints=("[::1]:8000", "model-0.example.internal:8000")),
         id="ipv6_and_dns_fallback",
     )
+    yield pytest.param(
+        EnvoyConfigOptions(pool_protocol="h2c", fallback_endpoints=("10.0.0.7:8000",)), id="h2c_pool_and_fallback"
+    )
 
 
 @pytest.mark.parametrize("opts", list(_variants()))
@@ -725,3 +728,25 @@ def test_live_fallback_retries_a_dead_pod_on_another(pool: BackendPool) -> None:
         statuses = [_completion(client, envoy.url()).status_code for _ in range(12)]
     assert statuses == [200] * 12  # each attempt on the dead pod was retried on a live one
     assert sum(pool.served_counts().values()) == 12
+
+
+@pytest.mark.parametrize("no_epp", [False, True])
+def test_pool_protocol_h2c_speaks_http2_to_the_model_servers(no_epp: bool) -> None:
+    endpoints = ("10.0.0.7:8000",)
+    args = _parse(["--pool-protocol", "h2c", "--endpoints", ",".join(endpoints), *(["--no-epp"] if no_epp else [])])
+    doc = build_bootstrap(ec.options_from_args(args))
+    validate(doc)
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    model_clusters = [n for n in clusters if n != ec.EPP_CLUSTER]
+    assert model_clusters
+    for name in model_clusters:
+        options = clusters[name]["typed_extension_protocol_options"][ec._HTTP_OPTIONS_KEY]
+        assert "http2_protocol_options" in options["explicit_http_config"], name
+    plain = build_bootstrap(EnvoyConfigOptions(fallback_endpoints=endpoints))
+    assert all(
+        "typed_extension_protocol_options" not in c
+        for c in plain["static_resources"]["clusters"]
+        if c["name"] != ec.EPP_CLUSTER
+    )
+    with pytest.raises(ValueError, match="pool_protocol"):
+        EnvoyConfigOptions(pool_protocol="h3")

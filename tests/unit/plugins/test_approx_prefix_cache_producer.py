@@ -212,6 +212,23 @@ def test_text_cut_to_the_limit_is_a_prefix_of_the_full_text(
     assert prompt_bytes(RequestBody(api, payload), limit) == full[:limit]
 
 
+def test_anthropic_messages_hash_system_then_messages_and_a_longer_conversation_extends_the_prefix() -> None:
+    system = [{"type": "text", "text": "be terse"}]
+    first = [{"role": "user", "content": [{"type": "text", "text": LONG}]}]
+    longer = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    short = prompt_bytes(RequestBody(ApiKind.MESSAGES, {"system": system, "messages": first}), 1 << 20)
+    assert short == go_json([system, first], sort=True)
+    full = prompt_bytes(RequestBody(ApiKind.MESSAGES, {"system": system, "messages": longer}), 1 << 20)
+    assert full[: len(short) - 2] == short[:-2]  # only the closing brackets differ
+
+
+@pytest.mark.parametrize("limit", [3, 4, 64, 1 << 20])
+def test_token_ids_are_hashed_as_four_bytes_each(limit: int) -> None:
+    ids = tuple(range(1000, 1040))
+    got = prompt_bytes(RequestBody(ApiKind.GENERATE, {"token_ids": list(ids)}, token_ids=ids), limit)
+    assert got == struct.pack("<40I", *ids)[: limit // 4 * 4]
+
+
 # --- hashing -------------------------------------------------------------------------------------------
 
 

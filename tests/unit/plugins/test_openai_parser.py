@@ -199,3 +199,15 @@ def test_sse_reader_without_usage() -> None:
     reader = SseUsageReader()
     reader.feed(sse({"choices": [{"text": "a"}]}), True)
     assert reader.usage is None
+
+
+def test_sse_reader_drops_an_overlong_line_instead_of_holding_it() -> None:
+    from llm_epp.plugins.parsers import sse
+
+    reader = SseUsageReader()
+    junk = b"data: " + b"x" * 4096
+    for _ in range(sse.MAX_LINE_BYTES // 4096 + 2):
+        reader.feed(junk, False)
+        assert len(reader._partial) <= sse.MAX_LINE_BYTES
+    reader.feed(b'\ndata: {"usage": {"prompt_tokens": 2, "completion_tokens": 1}}\n\n', True)
+    assert reader.usage == Usage(2, 1, 3, 0)

@@ -27,4 +27,9 @@ def test_claims_no_path_so_it_is_a_fallback() -> None:
 def test_factory_and_default_list_order() -> None:
     parser = factory("pt", Params(), FakeHandle())
     assert isinstance(parser, Parser) and parser.typed_name.type == TYPE
-    assert [p.typed_name.type for p in default_parsers()] == ["openai-parser", TYPE]
+    assert [p.typed_name.type for p in default_parsers()] == [
+        "openai-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        TYPE,
+    ]

@@ -19,7 +19,7 @@ Configuration:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -27,6 +27,7 @@ import orjson
 from llm_epp.framework import ApiKind, EppError, ErrorCode, Handle, PluginParams, RequestBody, TypedName
 from llm_epp.framework.parsing import Claims, ParsedRequest, ResponseReader
 from llm_epp.framework.requestcontrol import Usage
+from llm_epp.plugins.parsers.sse import SseDataReader, non_negative_int
 
 TYPE = "openai-parser"
 
@@ -153,12 +154,9 @@ def usage_from_object(obj: Any) -> Usage | None:
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     total = usage.get("total_tokens")
-
-    def _int(v: Any) -> int:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
-    p, c = _int(prompt), _int(completion)
-    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=_int(total) or p + c, cached_tokens=_int(cached))
+    n = non_negative_int
+    p, c = n(prompt), n(completion)
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=n(total) or p + c, cached_tokens=n(cached))
 
 
 def usage_from_json(body: bytes) -> Usage | None:
@@ -170,38 +168,14 @@ def usage_from_json(body: bytes) -> Usage | None:
         return None
 
 
-class SseUsageReader:
+class SseUsageReader(SseDataReader):
     """Reads Server-Sent Events chunk by chunk and keeps the last usage seen. A `data:` line split across
     chunks is reassembled; only lines that mention "usage" are decoded, so token events cost a search."""
 
-    __slots__ = ("_partial", "_usage")
+    __slots__ = ()
+    marker = _USAGE
 
-    def __init__(self) -> None:
-        self._partial = b""
-        self._usage: Usage | None = None
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._usage
-
-    def feed(self, chunk: bytes, end_of_stream: bool = False) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        last_nl = data.rfind(b"\n")
-        if last_nl < 0:
-            self._partial = data
-        else:
-            self._partial = data[last_nl + 1 :]
-            complete = data[: last_nl + 1]
-            if _USAGE in complete:
-                for line in complete.split(b"\n"):
-                    if _USAGE in line and line.startswith(b"data:"):
-                        self._take(line[5:].strip())
-        if end_of_stream:
-            if self._partial.startswith(b"data:") and _USAGE in self._partial:
-                self._take(self._partial[5:].strip())
-            self._partial = b""
-
-    def _take(self, payload: bytes) -> None:
+    def take(self, payload: bytes) -> None:
         try:
             found = usage_from_object(orjson.loads(payload))
         except orjson.JSONDecodeError:
@@ -212,14 +186,17 @@ class SseUsageReader:
 
 class JsonUsageReader:
     """Collects a JSON response (up to `limit` bytes; larger ones are not read) and decodes its usage at the
-    end of the stream."""
+    end of the stream with `decode` (the OpenAI `usage` object unless told otherwise)."""
 
-    __slots__ = ("_chunks", "_limit", "_size", "_usage")
+    __slots__ = ("_chunks", "_decode", "_limit", "_size", "_usage")
 
-    def __init__(self, limit: int = MAX_JSON_RESPONSE_BYTES) -> None:
+    def __init__(
+        self, limit: int = MAX_JSON_RESPONSE_BYTES, decode: Callable[[bytes], Usage | None] | None = None
+    ) -> None:
         self._chunks: list[bytes] | None = []
         self._size = 0
         self._limit = limit
+        self._decode = decode or usage_from_json
         self._usage: Usage | None = None
 
     @property
@@ -238,7 +215,7 @@ class JsonUsageReader:
             chunks.append(chunk)
         if end_of_stream:
             self._chunks = None
-            self._usage = usage_from_json(b"".join(chunks))
+            self._usage = self._decode(b"".join(chunks))
 
 
 class OpenaiParser:

@@ -32,11 +32,13 @@ Scheduling intent:
     joined with single spaces); chat completions, the JSON of `messages` as Go marshals the reference's
     Message struct (`role` omitted when empty, content a string or an array of content blocks); responses,
     the JSON of `[{"instructions": ...}?, {"tools": ...}?, {"input": ...}]`; conversations, the JSON of
-    `items` (type, role, content); embeddings, the JSON of `input`. JSON is compact with Go's escaping of
-    `<`, `>`, `&`, U+2028 and U+2029, and object keys inside free-form values sorted as Go does. Only the
-    first `maxBlocks x blockChars` bytes are ever serialised, and a small memo (keyed by a 128-bit digest
-    of those bytes) skips the per-block hashing when the same window comes again, e.g. a shared system
-    prompt longer than the window.
+    `items` (type, role, content); embeddings, the JSON of `input`; Anthropic messages, the JSON of
+    `[system, messages]`; a pre-tokenized prompt (`RequestBody.token_ids`: vLLM and SGLang generate APIs),
+    its token ids as little-endian uint32, so a block is exactly `blockSizeTokens` tokens. JSON is compact
+    with Go's escaping of `<`, `>`, `&`, U+2028 and U+2029, and object keys inside free-form values sorted
+    as Go does. Only the first `maxBlocks x blockChars` bytes are ever serialised, and a small memo (keyed
+    by a 128-bit digest of those bytes) skips the per-block hashing when the same window comes again, e.g.
+    a shared system prompt longer than the window.
 
 Inputs consumed:
     InferenceRequest.target_model, body (payload, api, cache_salt); the first candidate's
@@ -331,6 +333,9 @@ def prompt_bytes(body: RequestBody, limit: int) -> bytes:
     Returns b"" when the body has nothing to hash."""
     if limit <= 0:
         return b""
+    if body.token_ids:  # a pre-tokenized prompt: 4 bytes per token, so a block is blockSizeTokens tokens
+        ids = body.token_ids[: limit // 4]
+        return struct.pack(f"<{len(ids)}I", *ids)
     payload = body.payload
     api = body.api
     try:
@@ -347,6 +352,9 @@ def prompt_bytes(body: RequestBody, limit: int) -> bytes:
             data = _conversation_items(payload.get("items"), limit)
         elif api is ApiKind.EMBEDDINGS:
             data = orjson.dumps(_clip(payload.get("input"), limit)[0], option=orjson.OPT_SORT_KEYS)
+        elif api is ApiKind.MESSAGES:
+            conversation = [payload.get("system"), payload.get("messages")]
+            data = orjson.dumps(_clip(conversation, limit)[0], option=orjson.OPT_SORT_KEYS)
         else:
             return b""
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError; odd values hash nothing
