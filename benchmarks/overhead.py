@@ -155,6 +155,9 @@ def direct_response_backends(n: int) -> dict[str, Any]:
     }
 
 
+EPP_ENV: dict[str, str] = {}  # --epp-env: extra environment of every llm-epp the run starts
+
+
 @contextmanager
 def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[EppProcess]:
     with EppProcess(
@@ -163,6 +166,7 @@ def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[E
         "-v",
         "1",
         f"--secure-serving={'true' if tls else 'false'}",
+        env=EPP_ENV,
         log_path=workdir / f"epp-{time.monotonic_ns()}.log",
     ) as epp:
         yield epp
@@ -834,6 +838,7 @@ def run_trivial_picker(endpoints: list[str], workdir: Path) -> Iterator[tuple[in
 
 TRIVIAL = "Envoy + trivial picker"
 EPP_PLAIN = "Envoy + llm-epp (default, plaintext)"
+EPP_TLS = "Envoy + llm-epp (default, TLS)"
 
 
 @dataclass
@@ -853,6 +858,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
     configuration, and Envoy ROUND_ROBIN: closed-loop throughput and CPU per request, then open-loop added
     latency at fixed rates. Targets alternate within each round."""
     rates: list[int] = args.picker_rates
+    epp_name = EPP_TLS if args.picker_tls else EPP_PLAIN
     closed: dict[str, Result] = {}
     cells: dict[tuple[str, int], PickerCell] = {}
     pids: dict[str, int] = {}
@@ -873,6 +879,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                     "1",
                     f"--secure-serving={'true' if args.picker_tls else 'false'}",
                     *extra,
+                    env=EPP_ENV,
                     log_path=workdir / "epp-picker.log",
                 )
             )
@@ -886,7 +893,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 TRIVIAL: EnvoyProcess(
                     build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=tport, epp_tls=False))
                 ),
-                EPP_PLAIN: EnvoyProcess(
+                epp_name: EnvoyProcess(
                     build_bootstrap(
                         EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=args.picker_tls)
                     )
@@ -895,8 +902,8 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             for g in gws.values():
                 stack.enter_context(g)
             gws[TRIVIAL].wait_cluster_healthy("epp", timeout=30)
-            gws[EPP_PLAIN].wait_cluster_healthy("epp", timeout=30)
-            pids = {TRIVIAL: tpid, EPP_PLAIN: epp.pid}
+            gws[epp_name].wait_cluster_healthy("epp", timeout=30)
+            pids = {TRIVIAL: tpid, epp_name: epp.pid}
             closed = {name: Result(name) for name in gws}
             bodies = {name: prompt_bodies(args.seed, f"p{i}", 300) for i, name in enumerate(gws)}
             for name, g in gws.items():  # warm-up: connections, caches, the first picks
@@ -964,7 +971,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             out.append("|---|---|---|---|---|---|---|---|")
             base_rps = statistics.median(closed[RR].rps) if closed.get(RR) and closed[RR].rps else 0.0
             out.extend(r.row(base_rps) for r in closed.values() if r.rps)
-            t, e = closed.get(TRIVIAL), closed.get(EPP_PLAIN)
+            t, e = closed.get(TRIVIAL), closed.get(epp_name)
             if t and e and t.rps and e.rps and t.epp_ms_per_req and e.epp_ms_per_req:
                 cpu_ratio = statistics.median(e.epp_ms_per_req) / statistics.median(t.epp_ms_per_req)
                 rps_ratio = statistics.median(e.rps) / statistics.median(t.rps)
@@ -982,7 +989,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             out.append("|---|---|---|---|---|---|---|---|---|")
             for rate in rates:
                 rr = cells.get((RR, rate))
-                for name in (RR, TRIVIAL, EPP_PLAIN):
+                for name in (RR, TRIVIAL, epp_name):
                     c = cells.get((name, rate))
                     if c is None:
                         continue
@@ -1034,8 +1041,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--picker-rates", type=_split_ints, default=[100, 500], help="part picker: open-loop rates")
     p.add_argument("--picker-tls", action="store_true", help="part picker: llm-epp with TLS (default plaintext)")
     p.add_argument("--epp-args", default="", help="part picker: extra llm-epp serve arguments (space-separated)")
+    p.add_argument(
+        "--epp-env",
+        default="",
+        help="extra environment of llm-epp, space-separated KEY=VALUE (e.g. LD_PRELOAD=... PYTHONMALLOC=malloc)",
+    )
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
+    EPP_ENV.clear()
+    for item in args.epp_env.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--epp-env: {item!r} is not KEY=VALUE")
+        EPP_ENV[key] = value
     notes: list[str] = []
     if args.smoke:
         args.rates, args.open_duration, args.rounds, args.drain = [100, 300], 1.5, 1, 2.0
