@@ -13,6 +13,10 @@ alternating within each round:
   seconds per 1,000 requests, the generator's own lag.  Then a short search: the highest step rate (50, 100, 200,
   300, 500, 700, 1000) at which Envoy + llm-epp's p99 stays within 10 ms of ROUND_ROBIN's.
 Part 4, the EPP's resident memory (VmRSS) every 10% of 100k requests with distinct prompts (closed loop).
+Part picker (first in a full run), llm-epp (default configuration, plaintext) beside the trivial ext_proc picker of
+  ``benchmarks.trivial_picker`` behind the same Envoy configuration, and Envoy ROUND_ROBIN: closed-loop throughput
+  (wrk) with the picker's CPU per request, then open-loop added latency at 100 and 500 req/s (``--picker-rates``).
+  ``--picker-tls`` and ``--epp-args "--tracing=true ..."`` measure other llm-epp settings against the same floor.
 Part 1, small non-streamed requests: wrk (closed loop, 32 connections) against Envoy ROUND_ROBIN, Envoy +
   llm-epp (default) and the same with response headers SKIPped (one round trip less per request).
 Part 2, streamed 1,000-token responses (a stub server writing one SSE event per token, 1 ms apart):
@@ -23,7 +27,7 @@ Every figure comes from this one run; configurations alternate (A B C A B C) to 
 2 cores (the RSS part is bound by the EPP's throughput). Ctrl-C or SIGTERM writes what was measured and stops
 every child process. ``--smoke``: parts 3 and 4 on a tiny budget (< 1 min), for the test suite.
 
-    python -m benchmarks.overhead [--part 1|2|3|4|all] [--smoke [--peers]] [--rates 100,300,1000]
+    python -m benchmarks.overhead [--part picker|1|2|3|4|all] [--smoke [--peers]] [--rates 100,300,1000]
         [--open-duration 8] [--rounds 2] [--rss-requests 100000] [--duration 10] [--seed 1] [--output FILE]
 """
 
@@ -151,6 +155,9 @@ def direct_response_backends(n: int) -> dict[str, Any]:
     }
 
 
+EPP_ENV: dict[str, str] = {}  # --epp-env: extra environment of every llm-epp the run starts
+
+
 @contextmanager
 def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[EppProcess]:
     with EppProcess(
@@ -159,6 +166,7 @@ def run_epp(endpoints: list[str], workdir: Path, tls: bool = True) -> Iterator[E
         "-v",
         "1",
         f"--secure-serving={'true' if tls else 'false'}",
+        env=EPP_ENV,
         log_path=workdir / f"epp-{time.monotonic_ns()}.log",
     ) as epp:
         yield epp
@@ -802,6 +810,203 @@ def part_rss(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
             out.append("(not measured)\n")
 
 
+@contextmanager
+def run_trivial_picker(endpoints: list[str], workdir: Path) -> Iterator[tuple[int, int]]:
+    """``benchmarks.trivial_picker`` on a free port; yields (port, pid) once it serves."""
+    ports_file = workdir / f"trivial-{time.monotonic_ns()}.json"
+    log = open(workdir / "trivial-picker.log", "wb")
+    cmd = [sys.executable, "-m", "benchmarks.trivial_picker", "--endpoints", ",".join(endpoints)]
+    proc = subprocess.Popen(
+        [*cmd, "--ports-file", str(ports_file)], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ports_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the trivial picker did not start: {(workdir / 'trivial-picker.log').read_text()}")
+            time.sleep(0.05)
+        yield json.loads(ports_file.read_text())["grpc"], proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+TRIVIAL = "Envoy + trivial picker"
+EPP_PLAIN = "Envoy + llm-epp (default, plaintext)"
+EPP_TLS = "Envoy + llm-epp (default, TLS)"
+
+
+@dataclass
+class PickerCell:
+    """Open-loop figures of one (target, rate), pooled over rounds."""
+
+    load: LoadResult
+    picker_cpu_s: float = 0.0
+    envoy_cpu_s: float = 0.0
+
+    def p(self, q: float) -> float:
+        return percentile(self.load.service_ms, q)
+
+
+def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
+    """llm-epp (default configuration, plaintext) beside the trivial picker, both behind the same Envoy
+    configuration, and Envoy ROUND_ROBIN: closed-loop throughput and CPU per request, then open-loop added
+    latency at fixed rates. Targets alternate within each round."""
+    rates: list[int] = args.picker_rates
+    epp_name = EPP_TLS if args.picker_tls else EPP_PLAIN
+    closed: dict[str, Result] = {}
+    cells: dict[tuple[str, int], PickerCell] = {}
+    pids: dict[str, int] = {}
+    extra = [a for a in args.epp_args.split() if a]
+    print(f"[picker] rates {rates}; llm-epp extra args {extra}", file=sys.stderr, flush=True)
+    script = workdir / "post.lua"
+    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\nwrk.headers['content-type'] = 'application/json'\n")
+    have_wrk = shutil.which("wrk") is not None
+    try:
+        with ExitStack() as stack:
+            backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
+            addrs = [f"127.0.0.1:{p}" for p in backends.listener_ports.values()]
+            epp = stack.enter_context(
+                EppProcess(
+                    "--endpoints",
+                    ",".join(addrs),
+                    "-v",
+                    "1",
+                    f"--secure-serving={'true' if args.picker_tls else 'false'}",
+                    *extra,
+                    env=EPP_ENV,
+                    log_path=workdir / "epp-picker.log",
+                )
+            )
+            tport, tpid = stack.enter_context(run_trivial_picker(addrs, workdir))
+            gws = {
+                RR: EnvoyProcess(
+                    build_bootstrap(
+                        EnvoyConfigOptions(listen_port=0, admin_port=0, no_epp=True, fallback_endpoints=tuple(addrs))
+                    )
+                ),
+                TRIVIAL: EnvoyProcess(
+                    build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=tport, epp_tls=False))
+                ),
+                epp_name: EnvoyProcess(
+                    build_bootstrap(
+                        EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=args.picker_tls)
+                    )
+                ),
+            }
+            for g in gws.values():
+                stack.enter_context(g)
+            gws[TRIVIAL].wait_cluster_healthy("epp", timeout=30)
+            gws[epp_name].wait_cluster_healthy("epp", timeout=30)
+            pids = {TRIVIAL: tpid, epp_name: epp.pid}
+            closed = {name: Result(name) for name in gws}
+            bodies = {name: prompt_bodies(args.seed, f"p{i}", 300) for i, name in enumerate(gws)}
+            for name, g in gws.items():  # warm-up: connections, caches, the first picks
+                run_open_loop("127.0.0.1", g.listen_port, "/v1/completions", bodies[name], 300, drain_s=args.drain)
+            for rnd in range(args.rounds):
+                if have_wrk:
+                    for name, g in gws.items():
+                        assert g.proc is not None
+                        settle([g.proc.pid, *pids.values()])
+                        measure(
+                            closed[name],
+                            g.url("/v1/completions"),
+                            script,
+                            args.duration,
+                            args.connections,
+                            pids.get(name),
+                            g.proc.pid,
+                        )
+                        print(
+                            f"  round {rnd + 1}: {name}: {closed[name].rps[-1]:.0f} req/s, picker "
+                            f"{(closed[name].epp_ms_per_req or [0.0])[-1]:.3f} ms CPU/req",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                for rate in rates:
+                    for i, (name, g) in enumerate(gws.items()):
+                        assert g.proc is not None
+                        watch = [g.proc.pid, *pids.values()]
+                        settle(watch)
+                        b = prompt_bodies(args.seed, f"q{rnd}-{rate}-{i}", int(rate * args.open_duration))
+                        pid = pids.get(name)
+                        c0 = cpu_seconds(pid) if pid else 0.0
+                        e0 = cpu_seconds(g.proc.pid)
+                        res = run_open_loop("127.0.0.1", g.listen_port, "/v1/completions", b, rate, drain_s=args.drain)
+                        cell = cells.setdefault((name, rate), PickerCell(LoadResult(target_rate=rate)))
+                        cell.load.merge(res)
+                        cell.picker_cpu_s += (cpu_seconds(pid) - c0) if pid else 0.0
+                        cell.envoy_cpu_s += cpu_seconds(g.proc.pid) - e0
+                        print(
+                            f"  round {rnd + 1} {name} @ {rate}/s: {res.ok} ok, {res.failed} failed; ms p50/p99/max "
+                            f"{summary(res.service_ms)}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+    finally:
+        tls = "TLS" if args.picker_tls else "plaintext"
+        out.append(f"### llm-epp beside a trivial ext_proc picker ({tls}; llm-epp args: `{' '.join(extra) or '-'}`)\n")
+        out.append(
+            "The trivial picker (`benchmarks/trivial_picker.py`: grpc.aio on uvloop, `context.read()/write()`, "
+            "pre-serialised answers, endpoints in turn) and llm-epp (default configuration: prefix, queue and "
+            "KV-cache scorers, metrics scraped every 50 ms) sit behind the same Envoy configuration "
+            "(`llm-epp envoy-config` defaults); backends are Envoy `direct_response` listeners. Targets alternate "
+            "within each round. CPU = user + system seconds of the picker process (/proc/<pid>/stat) over the "
+            "window, divided by the requests.\n"
+        )
+        if any(r.rps for r in closed.values()):
+            out.append(
+                f"Closed loop (wrk, {args.connections} connections, {args.duration}s x {args.rounds} rounds, "
+                "medians):\n"
+            )
+            out.append(
+                "| gateway | req/s median (range) | vs round robin | p50 ms | p99 ms | picker CPU ms/req | "
+                "Envoy CPU ms/req | errors |"
+            )
+            out.append("|---|---|---|---|---|---|---|---|")
+            base_rps = statistics.median(closed[RR].rps) if closed.get(RR) and closed[RR].rps else 0.0
+            out.extend(r.row(base_rps) for r in closed.values() if r.rps)
+            t, e = closed.get(TRIVIAL), closed.get(epp_name)
+            if t and e and t.rps and e.rps and t.epp_ms_per_req and e.epp_ms_per_req:
+                cpu_ratio = statistics.median(e.epp_ms_per_req) / statistics.median(t.epp_ms_per_req)
+                rps_ratio = statistics.median(e.rps) / statistics.median(t.rps)
+                out.append(
+                    f"\n**llm-epp / trivial picker: CPU per request {cpu_ratio:.2f}x, throughput {rps_ratio:.2f}x.**\n"
+                )
+        elif not have_wrk:
+            out.append("Closed loop skipped: wrk is not installed (Debian: apt-get install wrk).\n")
+        if cells:
+            out.append(f"Open loop at fixed rates ({args.open_duration:g}s x {args.rounds} rounds, pooled):\n")
+            out.append(
+                "| rate req/s | target | achieved | failed | p50 ms | p99 ms | added p50 / p99 vs RR ms | "
+                "picker CPU ms/req | Envoy CPU ms/req |"
+            )
+            out.append("|---|---|---|---|---|---|---|---|---|")
+            for rate in rates:
+                rr = cells.get((RR, rate))
+                for name in (RR, TRIVIAL, epp_name):
+                    c = cells.get((name, rate))
+                    if c is None:
+                        continue
+                    ok = c.load.ok or 1
+                    added = (
+                        f"{c.p(50) - rr.p(50):+.2f} / {c.p(99) - rr.p(99):+.2f}"
+                        if rr is not None and name != RR and rr.load.service_ms and c.load.service_ms
+                        else "-"
+                    )
+                    pcpu = f"{c.picker_cpu_s * 1000 / ok:.3f}" if name != RR else "-"
+                    out.append(
+                        f"| {rate} | {name} | {c.load.achieved_rps:.0f} | {c.load.failed} | {_f(c.p(50))} | "
+                        f"{_f(c.p(99))} | {added} | {pcpu} | {c.envoy_cpu_s * 1000 / ok:.3f} |"
+                    )
+            out.append("")
+
+
 def _split_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -816,7 +1021,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("1", "2", "3", "4", "all"), default="all")
+    p.add_argument("--part", choices=("1", "2", "3", "4", "picker", "all"), default="all")
     p.add_argument("--smoke", action="store_true", help="a tiny run of parts 3 and 4 (< 1 min), for the test suite")
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of alternating targets (default 2)")
@@ -833,16 +1038,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=int, default=10, help="parts 1-2: seconds per measurement (default 10)")
     p.add_argument("--connections", type=int, default=32, help="part 1: wrk connections (default 32)")
     p.add_argument("--stream-concurrency", type=int, default=8, help="part 2: concurrent 1,000-token streams")
+    p.add_argument("--picker-rates", type=_split_ints, default=[100, 500], help="part picker: open-loop rates")
+    p.add_argument("--picker-tls", action="store_true", help="part picker: llm-epp with TLS (default plaintext)")
+    p.add_argument("--epp-args", default="", help="part picker: extra llm-epp serve arguments (space-separated)")
+    p.add_argument(
+        "--epp-env",
+        default="",
+        help="extra environment of llm-epp, space-separated KEY=VALUE (e.g. LD_PRELOAD=... PYTHONMALLOC=malloc)",
+    )
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
+    EPP_ENV.clear()
+    for item in args.epp_env.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--epp-env: {item!r} is not KEY=VALUE")
+        EPP_ENV[key] = value
     notes: list[str] = []
     if args.smoke:
         args.rates, args.open_duration, args.rounds, args.drain = [100, 300], 1.5, 1, 2.0
         args.search_rates, args.search_duration, args.rss_requests = [100, 200], 1.5, 2000
+        args.picker_rates, args.duration = [100], 1
         if args.part == "all":
             args.part = "3+4"
             notes.append("smoke run: parts 1 (wrk) and 2 (streaming) skipped.")
-    selected = {"all": "3412", "3+4": "34"}.get(args.part, args.part)
+    selected = {"all": "P3412", "3+4": "34", "picker": "P"}.get(args.part, args.part)
     if "1" in selected and shutil.which("wrk") is None:
         selected = selected.replace("1", "")
         notes.append("part 1 skipped: wrk is not installed (Debian: apt-get install wrk).")
@@ -861,6 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
         "2": part2,
         "3": part_rates,
         "4": part_rss,
+        "P": part_picker,
     }
     # Ctrl-C and SIGTERM raise KeyboardInterrupt wherever the run is (asyncio.Runner would otherwise turn the first
     # Ctrl-C into a cancellation of the current measurement only); the parts' finally blocks render what was

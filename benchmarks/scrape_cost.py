@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import functools
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -151,12 +152,50 @@ async def _fetch_cost(port: int, repeat: int) -> float:
         await scraper.aclose()
 
 
+async def _fetch_cost_aiohttp(port: int, repeat: int) -> float:
+    """The same keep-alive fetch through aiohttp (one session, one kept-alive connection, body read whole)."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    connector = aiohttp.TCPConnector(limit=1, enable_cleanup_closed=False)
+    timeout = aiohttp.ClientTimeout(total=1.0)
+    headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+
+        async def one() -> bytes:
+            async with session.get(url) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}")
+                return await r.read()
+
+        for _ in range(20):
+            await one()
+        t0 = time.process_time()
+        for _ in range(repeat):
+            await one()
+        return (time.process_time() - t0) / repeat
+
+
+async def _fetch_costs(port: int, repeat: int, blocks: int) -> tuple[list[float], list[float]]:
+    """The hand-written client and aiohttp in alternating blocks (CPU seconds per fetch, one per block)."""
+    own: list[float] = []
+    lib: list[float] = []
+    for _ in range(blocks):
+        own.append(await _fetch_cost(port, repeat))
+        lib.append(await _fetch_cost_aiohttp(port, repeat))
+    return own, lib
+
+
 def _run(loop_name: str, coro_factory: Callable[[], Any]) -> Any:
     if loop_name == "uvloop":
         import uvloop
 
         return uvloop.run(coro_factory())
     return asyncio.run(coro_factory())
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e6:.0f} ({min(values) * 1e6:.0f}-{max(values) * 1e6:.0f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         ports: list[int] = json.loads(child.stdout.readline())
         short = args.quick or args.smoke
         parse_cost = _micro(50 if args.smoke else 200 if short else 1000)
-        fetch_cost = _run(args.loop, lambda: _fetch_cost(ports[0], 50 if args.smoke else 300 if short else 2000))
+        own, lib = _run(
+            args.loop, lambda: _fetch_costs(ports[0], 50 if args.smoke else 300 if short else 1000, 1 if short else 5)
+        )
+        fetch_cost = statistics.median(own)
         results: list[Result] = []
         for interval in intervals:
             for n in counts:
@@ -207,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Per poll, one endpoint: parse + extract {parse_cost * 1e6:.0f} µs CPU; HTTP fetch (keep-alive) "
         f"{fetch_cost * 1e6:.0f} µs CPU.",
+        "",
+        "HTTP fetch of the page, keep-alive, CPU per fetch, the two clients in alternating blocks "
+        f"({len(own)} blocks): the scraper's own client (`llm_epp.datalayer.http_client`) "
+        f"{_spread(own)} µs; aiohttp {_spread(lib)} µs (median / min-max); aiohttp / own "
+        f"{statistics.median(lib) / statistics.median(own):.2f}x.",
         "",
         "| interval | endpoints | polls/s (target) | failures | EPP CPU (% of a core) | CPU per poll | "
         "CPU per endpoint-second at this interval | endpoints one core keeps fresh |",

@@ -57,3 +57,31 @@ def test_overhead_smoke_writes_a_well_formed_report(tmp_path: Path) -> None:
     assert [int(n) for n, _, _, _ in rss] == list(range(0, 2001, 200))
     assert all(float(mib) > 0 for _, mib, _, _ in rss)
     assert re.search(rf"Growth from 400 to 2000 requests: {NUM} MiB", text)
+
+
+def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -> None:
+    report = tmp_path / "picker.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overhead", "--smoke", "--part", "picker", "--output", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = report.read_text()
+    assert "(interrupted" not in text and "(failed" not in text
+    rows = [_cells(line) for line in text.splitlines() if re.match(r"^\| 100 \| ", line)]
+    by_target = {r[1]: r for r in rows if len(r) == 9}
+    assert set(by_target) == {
+        "Envoy ROUND_ROBIN (no EPP)",
+        "Envoy + trivial picker",
+        "Envoy + llm-epp (default, plaintext)",
+    }
+    for name, r in by_target.items():
+        assert all(re.fullmatch(NUM, x) for x in r[2:6]), r  # achieved, failed, p50, p99
+        assert r[3] == "0", r  # nothing failed through either picker
+        if name != "Envoy ROUND_ROBIN (no EPP)":
+            assert re.fullmatch(rf"{NUM} / {NUM}", r[6]) and re.fullmatch(NUM, r[7]), r
+    if "Closed loop (wrk" in text:  # wrk installed: the CPU and throughput ratio line
+        assert re.search(rf"CPU per request {NUM}x, throughput {NUM}x", text)

@@ -75,7 +75,72 @@ def _hvo(key: str, value: str) -> HeaderValueOption:
     return HeaderValueOption(header=HeaderValue(key=key, raw_value=value.encode()))
 
 
-_WENT_INTO_RESP_HEADERS = _hvo(h.WENT_INTO_RESP_HEADERS, "true")
+# --- wire encoding of the per-request answers --------------------------------------------------------------
+# The answers sent for every request (routing header mutation, body echo, response-headers answer) are written
+# as protobuf wire bytes directly: a handful of length-delimited fields, several times cheaper than building
+# and serialising message objects. Field numbers come from the generated descriptors; tests check that the
+# bytes parse back to the same messages protobuf builds (and equal its serialisation).
+
+
+def _tag(message: Any, field: str) -> bytes:
+    """The key byte(s) of a length-delimited or varint field (wire type from the field's kind)."""
+    fd = message.DESCRIPTOR.fields_by_name[field]
+    wire_type = 2 if fd.type in (fd.TYPE_MESSAGE, fd.TYPE_STRING, fd.TYPE_BYTES) else 0
+    return _varint(fd.number << 3 | wire_type)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_LENGTHS = tuple(bytes((n,)) for n in range(0x80))
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    size = len(payload)
+    return tag + (_SMALL_LENGTHS[size] if size < 0x80 else _varint(size)) + payload
+
+
+_T_REQUEST_HEADERS = _tag(pb.ProcessingResponse, "request_headers")
+_T_RESPONSE_HEADERS = _tag(pb.ProcessingResponse, "response_headers")
+_T_REQUEST_BODY = _tag(pb.ProcessingResponse, "request_body")
+_T_RESPONSE_BODY = _tag(pb.ProcessingResponse, "response_body")
+_T_HEADERS_RESPONSE = _tag(pb.HeadersResponse, "response")
+_T_BODY_RESPONSE = _tag(pb.BodyResponse, "response")
+_T_HEADER_MUTATION = _tag(pb.CommonResponse, "header_mutation")
+_T_BODY_MUTATION = _tag(pb.CommonResponse, "body_mutation")
+_CLEAR_ROUTE_CACHE = _tag(pb.CommonResponse, "clear_route_cache") + b"\x01"
+_T_SET_HEADERS = _tag(pb.HeaderMutation, "set_headers")
+_T_REMOVE_HEADERS = _tag(pb.HeaderMutation, "remove_headers")
+_T_HEADER = _tag(HeaderValueOption, "header")
+_T_KEY = _tag(HeaderValue, "key")
+_T_RAW_VALUE = _tag(HeaderValue, "raw_value")
+_T_BODY = _tag(pb.BodyMutation, "body")
+_T_STREAMED = _tag(pb.BodyMutation, "streamed_response")
+_T_STREAMED_BODY = _tag(pb.StreamedBodyResponse, "body")
+_STREAMED_EOS = _tag(pb.StreamedBodyResponse, "end_of_stream") + b"\x01"
+
+
+def _set_header(key: str, value: str) -> bytes:
+    """One `set_headers` entry (a HeaderValueOption with key and raw_value), as a HeaderMutation field."""
+    raw = value.encode()
+    header = _field(_T_KEY, key.encode()) + (_field(_T_RAW_VALUE, raw) if raw else b"")
+    return _field(_T_SET_HEADERS, _field(_T_HEADER, header))
+
+
+def _mutation(sets: bytes, remove: Sequence[str]) -> bytes:
+    """The HeaderMutation field of a CommonResponse; `sets` is concatenated `_set_header` entries."""
+    for name in remove:
+        sets += _field(_T_REMOVE_HEADERS, name.encode())
+    return _field(_T_HEADER_MUTATION, sets) if sets else b""
+
+
+_WENT_INTO_RESP_HEADERS = _set_header(h.WENT_INTO_RESP_HEADERS, "true")
 
 
 class _MetadataCache:
@@ -125,15 +190,19 @@ def _routing_common(
     content_length: int | None,
     extra: Sequence[tuple[str, str]],
     remove: Sequence[str],
-) -> pb.CommonResponse:
-    sets = [_hvo(h.DESTINATION, destination)]
+    new_body: bytes | None = None,
+) -> bytes:
+    """A CommonResponse (wire bytes) setting the destination header (and content-length, extra headers),
+    removing `remove`, replacing the body when `new_body` is given, and clearing the route cache."""
+    sets = _set_header(h.DESTINATION, destination)
     if content_length is not None:
-        sets.append(_hvo(h.CONTENT_LENGTH, str(content_length)))
-    sets.extend(_hvo(k, v) for k, v in extra)
-    return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=sets, remove_headers=list(remove)),
-        clear_route_cache=True,
-    )
+        sets += _set_header(h.CONTENT_LENGTH, str(content_length))
+    for k, v in extra:
+        sets += _set_header(k, v)
+    common = _mutation(sets, remove)
+    if new_body is not None:
+        common += _field(_T_BODY_MUTATION, _field(_T_BODY, new_body))  # a oneof member: sent even when empty
+    return common + _CLEAR_ROUTE_CACHE
 
 
 def route_headers_response(
@@ -146,9 +215,7 @@ def route_headers_response(
     """The request-headers answer naming the endpoint (FULL_DUPLEX_STREAMED, or a body-less request).
     `scores` (`ip:port` -> score) go to `envoy.lb` / `x-gateway-destination-endpoint-scores`."""
     common = _routing_common(destination, content_length, extra, remove)
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=common)
-    ).SerializeToString() + _lb_metadata(destination, scores)
+    return _field(_T_REQUEST_HEADERS, _field(_T_HEADERS_RESPONSE, common)) + _lb_metadata(destination, scores)
 
 
 def route_body_response(
@@ -160,12 +227,8 @@ def route_body_response(
 ) -> bytes:
     """BUFFERED mode: the routing header mutation rides on the request-body answer; a changed body is
     sent whole with its new Content-Length."""
-    common = _routing_common(destination, len(new_body) if new_body is not None else None, extra, remove)
-    if new_body is not None:
-        common.body_mutation.body = new_body
-    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)).SerializeToString() + _lb_metadata(
-        destination, scores
-    )
+    common = _routing_common(destination, len(new_body) if new_body is not None else None, extra, remove, new_body)
+    return _field(_T_REQUEST_BODY, _field(_T_BODY_RESPONSE, common)) + _lb_metadata(destination, scores)
 
 
 EMPTY_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
@@ -176,11 +239,10 @@ RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse(
 
 
 def _streamed(field: str, body: bytes, eos: bool) -> bytes:
-    sr = pb.StreamedBodyResponse(body=body, end_of_stream=eos)
-    resp = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sr)))
-    if field == "request_body":
-        return pb.ProcessingResponse(request_body=resp).SerializeToString()
-    return pb.ProcessingResponse(response_body=resp).SerializeToString()
+    streamed = (_field(_T_STREAMED_BODY, body) if body else b"") + (_STREAMED_EOS if eos else b"")
+    common = _field(_T_BODY_MUTATION, _field(_T_STREAMED, streamed))
+    tag = _T_REQUEST_BODY if field == "request_body" else _T_RESPONSE_BODY
+    return _field(tag, _field(_T_BODY_RESPONSE, common))
 
 
 def streamed_request_body(body: bytes, eos: bool) -> Iterator[bytes]:
@@ -206,10 +268,10 @@ def response_headers_response(
     set_headers: Mapping[str, str], remove: Sequence[str], metadata: Mapping[str, Mapping[str, object]] | None = None
 ) -> bytes:
     """The response-headers answer; `x-went-into-resp-headers: true` is always set, as the reference does."""
-    sets = [_WENT_INTO_RESP_HEADERS]
-    sets.extend(_hvo(k, v) for k, v in set_headers.items())
-    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=sets, remove_headers=list(remove)))
-    answer = pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common)).SerializeToString()
+    sets = _WENT_INTO_RESP_HEADERS
+    for k, v in set_headers.items():
+        sets += _set_header(k, v)
+    answer = _field(_T_RESPONSE_HEADERS, _field(_T_HEADERS_RESPONSE, _mutation(sets, remove)))
     return answer + dynamic_metadata(metadata) if metadata else answer
 
 

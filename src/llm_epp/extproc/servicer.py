@@ -1,5 +1,6 @@
-"""The ext_proc stream handler: one coroutine per HTTP request, a read()/write() loop over pre-serialised
-answers (cheaper than an async generator; see docs/performance.md).
+"""The ext_proc stream handler: one coroutine per HTTP request, a read()/write() loop over answers that are
+already wire bytes (cheaper than an async generator and message objects; benchmarks/README.md, "Where the
+EPP's time goes", has the measurements).
 
 Body modes: FULL_DUPLEX_STREAMED (the reference's mode: the headers answer is withheld until the body is
 complete) and BUFFERED (the routing mutation rides on the body answer). Response bodies may be

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from llm_epp.datalayer.objectives import ObjectivesStore
+from llm_epp.datalayer.objectives import ObjectivesConfig, ObjectivesStore
 from llm_epp.framework.types import Endpoint
 
 
 class ConfiguredAndServedModels:
-    """A `KnownModels` over the live objectives store and endpoint snapshot; nothing is copied, so rule
-    and pod changes count at once. Membership costs a few dictionary lookups plus one pass over the
-    endpoints, and runs only for names not already admitted."""
+    """A `KnownModels` over the live objectives store and endpoint snapshot: rule and pod changes count at
+    once. The names the rules' targets and the endpoints' adapters give are gathered into one set, rebuilt
+    on the first lookup after the rules or the endpoint snapshot changed (the store hands out the same
+    immutable snapshot tuple until something changes), so a lookup is a set membership test."""
 
     def __init__(self, objectives: ObjectivesStore, endpoints: Callable[[], Iterable[Endpoint]]) -> None:
         self._objectives = objectives
         self._endpoints = endpoints
+        self._seen: tuple[object, object] | None = None  # (rules, snapshot) the names were gathered from
+        self._names: frozenset[str] = frozenset()
 
     def __contains__(self, model: object, /) -> bool:
         if not isinstance(model, str) or not model:
@@ -25,7 +28,20 @@ class ConfiguredAndServedModels:
         config = self._objectives.config
         if model in config.exact_rules:
             return True
-        rules = [*config.exact_rules.values(), *([config.generic_rule] if config.generic_rule else [])]
-        if any(model == target for rule in rules for target, _ in rule.targets):
-            return True
-        return any(model in e.metrics.active_models or model in e.metrics.waiting_models for e in self._endpoints())
+        endpoints = self._endpoints()
+        if not isinstance(endpoints, tuple):  # a mutable collection may change in place: gather every time
+            return model in _gather(config, endpoints)
+        seen = self._seen
+        if seen is None or seen[0] is not config or seen[1] is not endpoints:
+            self._names = _gather(config, endpoints)
+            self._seen = (config, endpoints)
+        return model in self._names
+
+
+def _gather(config: ObjectivesConfig, endpoints: Iterable[Endpoint]) -> frozenset[str]:
+    rules = [*config.exact_rules.values(), *([config.generic_rule] if config.generic_rule else [])]
+    names = {target for rule in rules for target, _ in rule.targets}
+    for e in endpoints:
+        names.update(e.metrics.active_models)
+        names.update(e.metrics.waiting_models)
+    return frozenset(names)

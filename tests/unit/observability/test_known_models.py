@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry
 
 from llm_epp.datalayer.objectives import ObjectivesConfig, ObjectivesStore, RewriteRule
@@ -48,3 +50,17 @@ def test_recorder_labels_through_the_live_source() -> None:
         get("inference_objective_request_total", {"model_name": OTHER, "target_model_name": OTHER, "priority": "0"})
         == 1
     )
+
+
+def test_a_new_snapshot_or_new_rules_are_seen_at_once() -> None:
+    store = ObjectivesStore(ObjectivesConfig())
+    snapshot: list[tuple[Any, ...]] = [(endpoint("a", {"lora-x"}),)]
+    known = ConfiguredAndServedModels(store, lambda: snapshot[0])
+    assert "lora-x" in known and "lora-y" not in known
+    assert "lora-y" not in known  # asked again against the same snapshot
+    snapshot[0] = (endpoint("a", {"lora-x"}), endpoint("b", set(), frozenset({"lora-y"})))
+    assert "lora-y" in known
+    snapshot[0] = (endpoint("b", set()),)  # the adapter is gone
+    assert "lora-x" not in known and "lora-y" not in known
+    store.replace(ObjectivesConfig(generic_rule=RewriteRule("fallback", (("base", 1),))))
+    assert "base" in known
