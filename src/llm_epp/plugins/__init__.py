@@ -62,6 +62,7 @@ from llm_epp.plugins.scheduling import (
     max_score_picker,
     no_hit_lru_scorer,
     precise_prefix_cache_scorer,
+    predicted_latency_scorer,
     prefix_cache_affinity_filter,
     prefix_cache_scorer,
     prefix_hash_scorer,
@@ -146,12 +147,12 @@ _MODULES = (
     latency_scorer,
     slo_headroom_tier_filter,
     latency_slo_admitter,
+    predicted_latency_scorer,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
-_LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _DATA = "data-layer sources beyond metrics, and plugins reading endpoint attributes"
 _MULTI = "multi-cluster routing"
 _PARSER = "request parsers as configurable plugins"
@@ -206,7 +207,6 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _FLOW,
     ),
-    "predicted-latency-scorer": _LATENCY_MONOLITH,
     **dict.fromkeys(
         (
             "endpoint-notification-source",
