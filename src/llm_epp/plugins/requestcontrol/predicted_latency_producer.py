@@ -10,12 +10,13 @@ Scheduling intent:
 
 Inputs consumed:
     Endpoint metrics (KV-cache utilization, waiting and running requests), the EPP's in-flight load per
-    endpoint (`Endpoint.load`), the prefix-cache match (`prefix-cache-match-info`, so the default
-    `approx-prefix-cache-producer` is added when none is configured), the prompt length (request body
-    bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
+    endpoint (`Endpoint.load`), the uncached prompt tokens it has dispatched to each endpoint and not yet
+    seen a response start for (prefill tokens in flight), the prefix-cache match (`prefix-cache-match-info`,
+    so the default `approx-prefix-cache-producer` is added when none is configured), the prompt length
+    (request body bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
     (milliseconds; the older `x-slo-ttft-ms` / `x-slo-tpot-ms` are read when the new ones are absent).
-    Training: TTFT = dispatch to the first response body bytes when the director reports them
-    (`ResponseInfo.first_body_at`), else to the response headers (for a non-streamed response either is
+    Training: TTFT = dispatch to the first response body bytes (`ResponseInfo.first_body_at`, timed by
+    the director), else to the response headers (for a non-streamed response either is
     the whole response, as in the reference); TPOT = (end - first body bytes or headers) / (completion
     tokens - 1) of streamed responses that report usage. Only 2xx responses train.
 
@@ -167,6 +168,7 @@ class _RequestContext:
     headers_at: float | None = None
     status: int = 0
     ttft_seen: bool = False
+    prefill_reserved: int = 0  # uncached prompt tokens counted in the target's prefill tokens in flight
 
 
 class PredictedLatencyProducer:
@@ -191,6 +193,8 @@ class PredictedLatencyProducer:
         self._metrics: LatencyRecorder | None = recorder if isinstance(recorder, LatencyRecorder) else None
         # endpoint -> request id -> TPOT SLO (ms) of the requests in flight there that carry one
         self._running_tpot_slos: dict[EndpointKey, dict[str, float]] = {}
+        # endpoint -> uncached prompt tokens dispatched there whose first token has not come back yet
+        self._prefill_tokens: dict[EndpointKey, int] = {}
 
     @property
     def typed_name(self) -> TypedName:
@@ -218,6 +222,7 @@ class PredictedLatencyProducer:
                 prefix_score=match.score(ep.key) if match is not None else 0.0,
                 tokens_in_flight=ep.load.tokens,
                 dispatched=ep.load.requests,
+                prefill_tokens=self._prefill_tokens.get(ep.key, 0),
             )
         return out
 
@@ -290,6 +295,10 @@ class PredictedLatencyProducer:
         ctx.dispatched_at = self._clock()
         if ctx.tpot_slo > 0:
             self._running_tpot_slos.setdefault(target, {})[request.request_id] = ctx.tpot_slo
+        features = ctx.features.get(target)
+        if features is not None:
+            ctx.prefill_reserved = max(round(features.uncached_tokens), 0)
+            self._prefill_tokens[target] = self._prefill_tokens.get(target, 0) + ctx.prefill_reserved
         pred = ctx.predictions.get(target)
         if pred is not None and self._metrics is not None:
             self._metrics.latency_observed(
@@ -311,6 +320,7 @@ class PredictedLatencyProducer:
         ctx = cycle.read(self._context_key)
         if ctx is None or ctx.target is None or ctx.headers_at is not None:
             return
+        self._release_prefill(ctx, ctx.target)  # the response has begun: its prefill is done
         ctx.headers_at = self._clock()
         ctx.status = response.status
         if not response.streaming:  # the headers come with the whole answer: that is the TTFT
@@ -341,6 +351,7 @@ class PredictedLatencyProducer:
         ctx = cycle.read(self._context_key)
         if ctx is None or ctx.target is None:
             return
+        self._release_prefill(ctx, ctx.target)
         running = self._running_tpot_slos.get(ctx.target)
         if running is not None:
             running.pop(request.request_id, None)
@@ -374,6 +385,19 @@ class PredictedLatencyProducer:
                 self._metrics.latency_slo_checked(
                     request.incoming_model, request.target_model, "tpot", violated, self.metrics_owner
                 )
+
+    def _release_prefill(self, ctx: _RequestContext, target: EndpointKey) -> None:
+        if ctx.prefill_reserved:
+            left = self._prefill_tokens.get(target, 0) - ctx.prefill_reserved
+            if left > 0:
+                self._prefill_tokens[target] = left
+            else:
+                self._prefill_tokens.pop(target, None)
+            ctx.prefill_reserved = 0
+
+    def prefill_tokens(self, key: EndpointKey) -> int:
+        """Uncached prompt tokens dispatched to `key` whose first token has not come back yet."""
+        return self._prefill_tokens.get(key, 0)
 
     def predictions(self, cycle: CycleState) -> Mapping[EndpointKey, LatencyPredictionInfo]:
         """This producer's predictions for the request of `cycle` (empty when it published none)."""
