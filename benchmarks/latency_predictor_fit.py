@@ -11,9 +11,9 @@ of the samples and evaluated on the last 20%.
 
 With --compare (needs scikit-learn: `pip install -e .[bench]`) it also fits scikit-learn's
 HistGradientBoostingRegressor (squared error for the estimate, a second model with the 0.9 quantile loss
-for the upper estimate, as the reference trains quantile models; one OpenMP thread) on the same training window the online
-predictor keeps (the most recent 2000 samples of the training part), and times fitting both targets and
-predicting one request's candidates (8 rows), side by side with the ridge model."""
+for the upper estimate, as the reference trains quantile models; one OpenMP thread) on the same training
+window the online predictor keeps (the most recent 2000 samples of the training part), and times fitting
+both targets and predicting one request's candidates (8 rows), side by side with the ridge model."""
 
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ def simulated(
             prefix_score=cached / len(prompt),
             tokens_in_flight=sum(x.input_tokens for x, _ in pending.values()),
             dispatched=in_flight,
+            prefill_tokens=round(sum(x.uncached_tokens for r, (x, _) in pending.items() if r not in first)),
         )
         rid = f"r{i}"
         pending[rid] = (f, now)
