@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ proto: $(STAMP)
 # partial results on Ctrl-C. Durations are for an idle 2-core machine.
 bench-smoke: $(STAMP)  # every benchmark at a tiny size, checked for well-formed output (< 3 min; also in `make test`)
 	$(BIN)/pytest -q tests/benchmarks
+
+bench-slo: $(STAMP)  # SLO attainment and goodput, mixed interactive/batch workload, 4 EPP configs in virtual time (~10 min)
+	nice -n 10 $(BIN)/python -m benchmarks.slo
 
 bench-quality: $(STAMP)  # routing quality in virtual time: 8 pods x 6 routers, then 32 and 128 pods (~45 min)
 	$(BIN)/python -m benchmarks.quality

@@ -142,3 +142,19 @@ def test_pd_smoke_compares_the_three_modes_and_sweeps_the_bandwidth(tmp_path: Pa
     report = (tmp_path / "pd_smoke.md").read_text()
     assert len(_table_rows(report, "always-disagg")) == 2 + 1 + 2
     assert len(_table_rows(report, "aggregated")) == 2 + 1
+
+
+def test_slo_smoke_writes_a_row_per_configuration(tmp_path: Path) -> None:
+    from benchmarks.slo import CONFIGS
+
+    out = tmp_path / "slo.md"
+    _run("benchmarks.slo", "--smoke", "--seeds", "3", "--output", str(out))
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["seeds"] == [3] and [r["config"] for r in data["runs"]] == list(CONFIGS)
+    for run in data["runs"]:
+        assert run["interactive"] > 0 and run["batch"] > 0
+        assert 0 <= run["met"] <= run["interactive"] and 0 <= run["batch_done"] <= run["batch"]
+        assert run["goodput"] >= 0 and run["span"] > 0
+    report = out.read_text()
+    for config in CONFIGS:
+        assert len(_table_rows(report, config)) == 1, config

@@ -145,6 +145,28 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
         "compositePrefixWeight": 1,
     },
     "slo-headroom-tier-filter": {"epsilonExploreNeg": 0.01},
+    "predicted-latency-scorer": {
+        "samplingMean": 1000,
+        "maxSampledTokens": 0,
+        "sloBufferFactor": 1,
+        "negHeadroomTTFTWeight": 0.8,
+        "negHeadroomTPOTWeight": 0.2,
+        "headroomTTFTWeight": 0.8,
+        "headroomTPOTWeight": 0.2,
+        "headroomSelectionStrategy": "least",
+        "compositeKVWeight": 1,
+        "compositeQueueWeight": 1,
+        "compositePrefixWeight": 1,
+        "epsilonExploreSticky": 0.01,
+        "epsilonExploreNeg": 0.01,
+        "affinityGateTau": 0.8,
+        "affinityGateTauGlobal": 0.99,
+        "affinityMaxTTFTPenaltyMs": 5000,
+        "contextTTL": "5m",
+        "selectionMode": "linear",
+        "streamingMode": True,
+        "endpointRoleLabel": "llm-d.ai/role",
+    },
     "request-attribute-reporter": {
         "attributes": [
             {

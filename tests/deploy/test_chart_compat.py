@@ -15,6 +15,7 @@ import yaml
 
 from llm_epp.config import ConfigError, load_config
 from llm_epp.framework import NullRecorder
+from llm_epp.latency.predictor import settings_from_env
 from llm_epp.plugins import builtin_registry
 from tests.deploy.conftest import KUBE_VERSION, parse_epp_args, validate_object
 from tests.deploy.render_assets import CHART, chart_objects, render_chart
@@ -172,10 +173,10 @@ def test_tracing_renders_the_reference_flag_and_environment() -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        # site-src/guides/latency-based-predictor.md@v1.5.0
+        # config/charts/inferencepool/values.yaml@v1.5.0: inferencePool.apiVersion takes the experimental group too
         (
-            ("inferenceExtension.latencyPredictor.enabled=true", "provider.name=gke"),
-            "inferenceExtension.latencyPredictor.enabled: latency prediction",
+            ("inferencePool.apiVersion=inference.networking.x-k8s.io/v1alpha2",),
+            "llm-epp serves InferencePools of inference.networking.k8s.io/v1",
         ),
     ],
 )
@@ -183,6 +184,55 @@ def test_documented_features_llm_epp_lacks_fail_clearly(sets: tuple[str, ...], m
     with pytest.raises(helm_python.HelmError) as err:
         render(with_sets("inferencePool.modelServers.matchLabels.app=vllm-qwen3-32b", *sets))
     assert message in str(err.value)
+
+
+def _epp_config(objs: dict[tuple[str, str], Any], epp: dict[str, Any]) -> str:
+    config_file = next(a.split("=", 1)[1] for a in epp["args"] if a.startswith("--config-file="))
+    text: str = objs[("ConfigMap", "demo-epp")]["data"][Path(config_file).name]
+    return text
+
+
+def test_latency_predictor_renders_the_slo_profile_in_process() -> None:
+    """site-src/guides/latency-based-predictor.md@v1.5.0: `--set latencyPredictor.enabled=true` gives the
+    reference's plugins, the predictor settings as EPP environment, and no server containers."""
+    lp = "inferenceExtension.latencyPredictor"
+    objs = render(
+        with_sets(
+            "inferencePool.modelServers.matchLabels.app=vllm-qwen3-32b",
+            "provider.name=gke",
+            f"{lp}.enabled=true",
+            f"{lp}.trainingServer.config.LATENCY_RETRAINING_INTERVAL_SEC=3",
+            f"{lp}.trainingServer.config.LATENCY_OBJECTIVE_TYPE=quantile",
+        )
+    )
+    epp = check_rendered(objs)
+    pod = objs[("Deployment", "demo-epp")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["epp"]
+    assert not any("latency-predictor" in name for _, name in objs)
+    env = {e["name"]: e.get("value") for e in epp["env"]}
+    assert env["LATENCY_RETRAINING_INTERVAL_SEC"] == "3" and env["LATENCY_MAX_SAMPLE_SIZE"] == "10000"
+    assert "PREDICTION_SERVER_URL" not in env and "TRAINING_SERVER_URL" not in env
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(_epp_config(objs, epp))
+        loaded = load_config(path, builtin_registry(), NullRecorder())
+    profile = loaded.scheduler.profiles["default"]
+    assert [f.typed_name.name for f in profile.filters] == [
+        "strict-affinity-filter", "slo-headroom-tier-filter", "loose-affinity-filter",
+    ]  # fmt: skip
+    assert [s.scorer.typed_name.type for s in profile.scorers] == ["latency-scorer"]
+    assert profile.picker.typed_name.type == "weighted-random-picker"
+    assert [a.typed_name.type for a in loaded.admission] == ["latency-slo-admitter"]
+    # the rendered environment configures the in-process predictor
+    settings, notes = settings_from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.min_interval_s == 3 and settings.quantile == 0.9 and settings.window == 500
+    assert settings.queue_size == 10000
+    assert any(n.startswith("LATENCY_MIN_SAMPLES_FOR_RETRAIN has no effect") for n in notes)
+    assert any(n.startswith("LATENCY_MODEL_TYPE=xgboost") for n in notes)
+    off = render(with_sets("inferencePool.modelServers.matchLabels.app=vllm-qwen3-32b"))
+    off_epp = next(c for c in off[("Deployment", "demo-epp")]["spec"]["template"]["spec"]["containers"])
+    assert not any(e["name"].startswith("LATENCY_") for e in off_epp["env"])
+    assert "latency-scorer" not in _epp_config(off, off_epp)
 
 
 # --- llm-d guide values files -----------------------------------------------------------------------------
@@ -199,8 +249,7 @@ GUIDES: dict[str, str | tuple[str, ...] | None] = {
     "llmd-standalone-envoy-sidecar.yaml": None,
     "llmd-pd-disaggregation.yaml": None,  # guides/pd-disaggregation/scheduler/pd-disaggregation.values.yaml
     # guides/predicted-latency-based-scheduling/scheduler/predicted-latency.values.yaml
-    "llmd-predicted-latency.yaml": "latencyPredictor.enabled: latency prediction (training and prediction servers, "
-    "predicted-latency plugins) is not supported yet",
+    "llmd-predicted-latency.yaml": None,
     # guides/wide-ep-lws/manifests/inferencepool.values.yaml, and the same legacy metric flag in
     # guides/inference-scheduling/gaie-inference-scheduling/values.yaml and guides/pd-disaggregation/gaie-pd/values.yaml
     "llmd-wide-ep-inferencepool.yaml": None,
@@ -225,7 +274,7 @@ GUIDES: dict[str, str | tuple[str, ...] | None] = {
     "llmd-router-base.yaml": "router: the llm-d-router chart layout (router.epp, router.modelServers, ...) is not "
     "supported yet",
     # config/charts/epplib/values.yaml@v1.5.0 latencyPredictor block, enabled
-    "gie-latency-predictor-subchart.yaml": "inferenceExtension.latencyPredictor.enabled: latency prediction",
+    "gie-latency-predictor-subchart.yaml": None,
 }
 
 

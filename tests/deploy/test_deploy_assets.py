@@ -16,7 +16,7 @@ import yaml
 from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
 
 from llm_epp.config import load_config
-from llm_epp.framework import NullRecorder
+from llm_epp.framework import NullRecorder, TypedName
 from llm_epp.observability.metrics import PrometheusRecorder
 from llm_epp.plugins import builtin_registry
 from tests.deploy.conftest import load_yaml_docs, validate_object
@@ -138,7 +138,13 @@ PROMQL_WORDS = {
 
 def exported_series() -> set[str]:
     names: set[str] = set()
-    for fam in PrometheusRecorder().registry.collect():
+    rec = PrometheusRecorder()
+    # the latency-predictor families appear once a prediction-carrying request recorded something
+    owner = TypedName("predicted-latency-producer", "predicted-latency-producer")
+    for kind in ("ttft", "predicted_ttft", "tpot", "predicted_tpot"):
+        rec.latency_observed("m", "m", kind, 0.1, owner)  # type: ignore[arg-type]
+    rec.latency_slo_checked("m", "m", "ttft", True, owner)
+    for fam in rec.registry.collect():
         if fam.type == "counter":
             names.add(fam.name + "_total")
         elif fam.type == "histogram":

@@ -198,6 +198,25 @@ cache-info-metric: cacheInfoSpec
 {{- end -}}
 
 {{/* The generated EndpointPickerConfig: the reference default scorer set and weights. */}}
+{{/* "true" when inferenceExtension.latencyPredictor.enabled */}}
+{{- define "llm-epp.latencyPredictor" -}}
+{{- $lp := .Values.inferenceExtension.latencyPredictor | default dict -}}
+{{- if $lp.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* The reference chart's latency-predictor settings as EPP environment variables: the in-process predictor
+reads the ones it has a counterpart for and logs the others as having no effect (charts/llm-epp/README.md). */}}
+{{- define "llm-epp.latencyPredictorEnv" -}}
+{{- $lp := .Values.inferenceExtension.latencyPredictor | default dict -}}
+{{- $env := dict -}}
+{{- range $k, $v := (($lp.trainingServer | default dict).config | default dict) }}{{ $_ := set $env $k $v }}{{ end -}}
+{{- range $k, $v := ($lp.eppEnv | default dict) }}{{ $_ := set $env $k $v }}{{ end -}}
+{{- range $k := keys $env | sortAlpha }}
+- name: {{ $k }}
+  value: {{ get $env $k | toString | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "llm-epp.defaultPlugins" -}}
 {{- $mds := .Values.inferenceExtension.metricsDataSource | default dict -}}
 {{- $parser := include "llm-epp.parserType" . -}}
@@ -225,6 +244,31 @@ plugins:
     - name: {{ $engine }}
       {{- $spec | toYaml | nindent 6 }}
     {{- end }}
+{{- if include "llm-epp.latencyPredictor" . }}
+# latencyPredictor.enabled: the reference chart's SLO-aware profile; the predictor runs inside the EPP.
+- type: predicted-latency-producer
+- name: strict-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.99
+- name: loose-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.80
+- type: latency-scorer
+- type: weighted-random-picker
+- type: slo-headroom-tier-filter
+- type: latency-slo-admitter
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: strict-affinity-filter
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+  - pluginRef: weighted-random-picker
+{{- else }}
 schedulingProfiles:
 - name: default
   plugins:
@@ -234,6 +278,7 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+{{- end }}
 {{- if $parser }}
 parser:
   pluginRef: {{ $parser }}
@@ -268,9 +313,6 @@ dataLayer:
 {{- end -}}
 {{- if and $ie.apiVersion (ne $ie.apiVersion "inference.networking.k8s.io") -}}
 {{- fail (printf "inferenceExtension.apiVersion: %q is not supported yet; the pool API group is inference.networking.k8s.io" $ie.apiVersion) -}}
-{{- end -}}
-{{- if and $ie.latencyPredictor $ie.latencyPredictor.enabled -}}
-{{- fail "inferenceExtension.latencyPredictor.enabled: latency prediction (training and prediction servers, predicted-latency plugins) is not supported yet by llm-epp; set it to false" -}}
 {{- end -}}
 {{- range $name, $server := ($ie.sidecars | default dict) -}}
 {{- if and (kindIs "map" $server) $server.enabled -}}

@@ -1,7 +1,8 @@
 """What the predictor sees of one (request, endpoint) pair, and the model inputs derived from it.
 
 The raw features are the ones the reference latency predictor uses: KV-cache utilization, waiting and
-running requests, input length, the prefix-cache match and the tokens in flight. TTFT and TPOT models
+running requests, input length, the prefix-cache match, the tokens in flight and the prefill tokens in
+flight (uncached prompt tokens sent and not yet answered with a first token). TTFT and TPOT models
 each get a feature vector with a few products of these, so a linear model can express that prefill cost
 grows with the uncached part of the prompt and with the work queued ahead of it."""
 
@@ -19,6 +20,9 @@ class Features:
     prefix_score: float = 0.0  # fraction of the prompt's blocks already cached there, 0..1
     tokens_in_flight: int = 0  # tokens this EPP has sent to the endpoint and not yet seen finish
     dispatched: int = 0  # requests this EPP has sent to the endpoint and not yet seen finish
+    # uncached prompt tokens this EPP has sent to the endpoint whose first token has not come back yet: the
+    # prefill work queued ahead of a new request (the reference's prefill tokens in flight)
+    prefill_tokens: int = 0
 
     @property
     def uncached_tokens(self) -> float:
@@ -37,6 +41,7 @@ TTFT_FEATURES = (
     "dispatched_x_uncached",
     "running_x_kv",
     "kv_x_uncached",
+    "prefill_tokens_k",
 )
 TPOT_FEATURES = (
     "kv_cache",
@@ -71,6 +76,7 @@ def ttft_vector(f: Features, linear: bool = False) -> list[float]:
         f.dispatched * uncached,
         f.running * f.kv_cache,
         f.kv_cache * uncached,
+        f.prefill_tokens / 1000.0,
     ]
 
 

@@ -14,12 +14,14 @@ fitted models answer."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import statistics
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from llm_epp.latency.features import Features, tpot_vector, ttft_vector
 from llm_epp.latency.model import RidgeModel, fit_ridge
@@ -46,6 +48,87 @@ class PredictorSettings:
             raise ValueError("PredictorSettings: need min_samples >= 2, window >= min_samples, queue_size >= 1")
         if not 0.5 <= self.quantile < 1.0:
             raise ValueError(f"PredictorSettings: quantile must be in [0.5, 1), got {self.quantile}")
+
+
+# The reference's latency-predictor settings (its EPP and training-server environment) and what each does here.
+ENV_APPLIED = {
+    "LATENCY_RETRAINING_INTERVAL_SEC": "seconds between refits (min_interval_s)",
+    "LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH": "observations before the fitted models answer (min_samples)",
+    "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "observations kept per target (window: the most recent ones)",
+    "LATENCY_OBJECTIVE_TYPE": "quantile: p-quantile estimates (LATENCY_QUANTILE_ALPHA); mean: median residual",
+    "LATENCY_QUANTILE_ALPHA": "the quantile of the estimates (0.5 <= q < 1)",
+    "LATENCY_MAX_SAMPLE_SIZE": "observations waiting for the trainer (queue_size)",
+    "LATENCY_MODEL_TYPE": "bayesian_ridge: the in-process ridge model; xgboost / lightgbm: see model_type",
+}
+ENV_WITHOUT_EFFECT = {
+    "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "models are never persisted, so every start is fresh and "
+    "LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH applies (as the reference's training server on an empty volume)",
+    "LATENCY_TTFT_MODEL_PATH": "models live in memory only",
+    "LATENCY_TPOT_MODEL_PATH": "models live in memory only",
+    "LATENCY_TTFT_SCALER_PATH": "models live in memory only",
+    "LATENCY_TPOT_SCALER_PATH": "models live in memory only",
+    "LATENCY_MAX_CONCURRENT_DISPATCHES": "there are no prediction servers to dispatch to",
+    "LATENCY_COALESCE_WINDOW_MS": "there are no prediction servers to coalesce requests for",
+}
+
+
+def _env_number(env: Mapping[str, str], name: str, low: float, high: float = math.inf) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number in [{low}, {high})") from None
+    if not (math.isfinite(value) and low <= value < high):
+        raise ValueError(f"{name}={raw!r}: expected a number in [{low}, {high})")
+    return value
+
+
+def settings_from_env(
+    env: Mapping[str, str], base: PredictorSettings | None = None
+) -> tuple[PredictorSettings, list[str]]:
+    """Settings from the reference's LATENCY_* environment (what its chart sets on the EPP and its training
+    server), over `base`. Returns the settings and one note per variable that is set but has no effect
+    here (the caller logs them). A malformed value raises ValueError naming the variable."""
+    s = base or PredictorSettings()
+    interval = _env_number(env, "LATENCY_RETRAINING_INTERVAL_SEC", 0.0)
+    min_samples = _env_number(env, "LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH", 2)
+    window = _env_number(env, "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET", 2)
+    queue_size = _env_number(env, "LATENCY_MAX_SAMPLE_SIZE", 1)
+    quantile = s.quantile
+    objective = env.get("LATENCY_OBJECTIVE_TYPE", "").strip().lower()
+    if objective not in ("", "quantile", "mean"):
+        raise ValueError(f"LATENCY_OBJECTIVE_TYPE={objective!r}: expected quantile or mean")
+    alpha = _env_number(env, "LATENCY_QUANTILE_ALPHA", 0.5, 1.0)
+    if objective == "mean":
+        quantile = 0.5
+    elif alpha is not None:
+        quantile = alpha
+    model = env.get("LATENCY_MODEL_TYPE", "").strip().lower()
+    if model not in ("", "bayesian_ridge", "xgboost", "lightgbm"):
+        raise ValueError(f"LATENCY_MODEL_TYPE={model!r}: expected bayesian_ridge, xgboost or lightgbm")
+    notes = [f"{name} has no effect: {why}" for name, why in ENV_WITHOUT_EFFECT.items() if env.get(name)]
+    notes += [
+        f"{name} has no effect: not a latency-predictor setting llm-epp knows"
+        for name in sorted(env)
+        if name.startswith("LATENCY_") and name not in ENV_APPLIED and name not in ENV_WITHOUT_EFFECT
+    ]
+    if model in ("xgboost", "lightgbm"):
+        notes.append(
+            f"LATENCY_MODEL_TYPE={model}: the in-process ridge model is used (the reference falls back to "
+            "bayesian_ridge the same way when that library is missing)"
+        )
+    n_min = int(min_samples) if min_samples is not None else s.min_samples
+    settings = replace(
+        s,
+        min_interval_s=interval if interval is not None else s.min_interval_s,
+        min_samples=n_min,
+        window=max(int(window) if window is not None else s.window, n_min),  # at least min_samples
+        queue_size=int(queue_size) if queue_size is not None else s.queue_size,
+        quantile=quantile,
+    )
+    return settings, notes
 
 
 @dataclass(frozen=True, slots=True)

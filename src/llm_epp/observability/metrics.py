@@ -533,11 +533,15 @@ class PrometheusRecorder:
         self.latency = LatencyMetrics(self._model)  # latency-predictor families (`LatencyRecorder`)
         self.registry.register(self.latency)
 
-    def latency_observed(self, model: str, target_model: str, kind: LatencyKind, seconds: float) -> None:
-        self.latency.latency_observed(model, target_model, kind, seconds)
+    def latency_observed(
+        self, model: str, target_model: str, kind: LatencyKind, seconds: float, plugin: TypedName | None = None
+    ) -> None:
+        self.latency.latency_observed(model, target_model, kind, seconds, plugin)
 
-    def latency_slo_checked(self, model: str, target_model: str, kind: SloKind, violated: bool) -> None:
-        self.latency.latency_slo_checked(model, target_model, kind, violated)
+    def latency_slo_checked(
+        self, model: str, target_model: str, kind: SloKind, violated: bool, plugin: TypedName | None = None
+    ) -> None:
+        self.latency.latency_slo_checked(model, target_model, kind, violated, plugin)
 
     # --- label bounds -------------------------------------------------------------------------------
     def _model(self, model: str) -> str:

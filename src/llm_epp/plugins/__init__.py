@@ -84,6 +84,7 @@ from llm_epp.plugins.scheduling import (
     max_score_picker,
     no_hit_lru_scorer,
     precise_prefix_cache_scorer,
+    predicted_latency_scorer,
     prefix_cache_affinity_filter,
     prefix_cache_scorer,
     prefix_hash_scorer,
@@ -188,12 +189,12 @@ _MODULES = (
     topology_extractor,
     topology_affinity_filter,
     topology_affinity_scorer,
+    predicted_latency_scorer,
 )
 
 _PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
 _FLOW = "flow control"
-_LATENCY_MONOLITH = "the legacy monolithic latency scorer: use predicted-latency-producer with latency-scorer"
 _MULTI = "multi-cluster routing"
 
 UNSUPPORTED: dict[str, str] = {
@@ -246,7 +247,6 @@ UNSUPPORTED: dict[str, str] = {
         ),
         _FLOW,
     ),
-    "predicted-latency-scorer": _LATENCY_MONOLITH,
     **dict.fromkeys(
         (
             "multicluster-approx-prefix-cache-producer",

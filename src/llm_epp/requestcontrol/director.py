@@ -36,7 +36,7 @@ from llm_epp.framework import (
     TypedName,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.parsing import Parser
+from llm_epp.framework.parsing import Parser, ResponseReader
 from llm_epp.framework.requestcontrol import (
     REQUEST_HEADERS_KEY,
     RESPONSE_HEADERS_KEY,
@@ -48,6 +48,7 @@ from llm_epp.framework.requestcontrol import (
     ResponseInfo,
     ResponseReceived,
     Screener,
+    Usage,
 )
 from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
 from llm_epp.framework.types import ApiKind, RequestBody
@@ -149,6 +150,28 @@ def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> lis
     if not addresses:
         return [ep for ep in endpoints if ep.hostport in hostports]
     return [ep for ep in endpoints if ep.hostport in hostports or ep.metadata.address in addresses]
+
+
+class _FirstBodyClock:
+    """Wraps the parser's response reader (or none): notes on the request handle when the first non-empty
+    body chunk arrived, so ResponseComplete hooks see `ResponseInfo.first_body_at`."""
+
+    __slots__ = ("_clock", "_handle", "_inner")
+
+    def __init__(self, inner: ResponseReader | None, handle: RequestHandle, clock: Callable[[], float]) -> None:
+        self._inner = inner
+        self._handle = handle
+        self._clock = clock
+
+    def feed(self, chunk: bytes, end_of_stream: bool) -> None:
+        if chunk and self._handle.first_body_at is None:
+            self._handle.first_body_at = self._clock()
+        if self._inner is not None:
+            self._inner.feed(chunk, end_of_stream)
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._inner.usage if self._inner is not None else None
 
 
 def _now_ns() -> int:
@@ -449,6 +472,8 @@ class Director:
         parser, parsed = handle.parser, handle.parsed
         if parser is not None and parsed is not None and not parsed.skip_response_processing:
             reader = parser.response_reader(parsed, seen.headers)
+        if self.plugins.response_complete:  # they may time the first body bytes (TTFT of a stream)
+            reader = _FirstBodyClock(reader, handle, self.clock)
         added = handle.cycle.read(RESPONSE_HEADERS_KEY)
         return ResponsePlan(dict(added) if added else {}, reader)
 
@@ -476,6 +501,7 @@ class Director:
             usage=outcome.usage,
             streaming=handle.streaming,
             complete=outcome.complete,
+            first_body_at=handle.first_body_at,
         )
         cycle = handle.cycle
         for plugin in self.plugins.response_complete:

@@ -27,6 +27,7 @@ class RequestHandle:
     status: int = 0
     served_endpoint: str = ""
     streaming: bool = False
+    first_body_at: float | None = None  # when the first response body bytes arrived (director's clock)
 
 
 # The name the lease table knows the handle by.

@@ -11,6 +11,7 @@ import pytest
 
 from llm_epp.latency import Features, LatencyPredictor, PredictorSettings, fit_ridge
 from llm_epp.latency.features import ttft_vector
+from llm_epp.latency.predictor import settings_from_env
 
 
 def true_ttft(f: Features) -> float:
@@ -162,3 +163,65 @@ def test_settings_are_checked() -> None:
         PredictorSettings(min_samples=1)
     with pytest.raises(ValueError, match="as many targets"):
         fit_ridge([[1.0]], [])
+
+
+def test_settings_from_the_reference_environment() -> None:
+    env = {
+        "LATENCY_RETRAINING_INTERVAL_SEC": "10",
+        "LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH": "25",
+        "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100",
+        "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "500",
+        "LATENCY_OBJECTIVE_TYPE": "quantile",
+        "LATENCY_QUANTILE_ALPHA": "0.95",
+        "LATENCY_MAX_SAMPLE_SIZE": "10000",
+        "LATENCY_MODEL_TYPE": "xgboost",
+        "LATENCY_COALESCE_WINDOW_MS": "1",
+        "LATENCY_SOMETHING_NEW": "x",
+        "PATH": "/bin",
+    }
+    s, notes = settings_from_env(env)
+    assert (s.min_interval_s, s.min_samples, s.window, s.quantile, s.queue_size) == (10, 25, 500, 0.95, 10000)
+    named = sorted(n.split(" ")[0].split("=")[0] for n in notes)
+    assert named == [
+        "LATENCY_COALESCE_WINDOW_MS", "LATENCY_MIN_SAMPLES_FOR_RETRAIN", "LATENCY_MODEL_TYPE", "LATENCY_SOMETHING_NEW",
+    ]  # fmt: skip
+    assert settings_from_env({"LATENCY_OBJECTIVE_TYPE": "mean"})[0].quantile == 0.5
+    assert settings_from_env({}) == (PredictorSettings(), [])
+    # a window below min_samples grows to it
+    assert settings_from_env({"LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "5"})[0].window == 10
+    for bad, name in (
+        ({"LATENCY_RETRAINING_INTERVAL_SEC": "soon"}, "LATENCY_RETRAINING_INTERVAL_SEC"),
+        ({"LATENCY_QUANTILE_ALPHA": "1.5"}, "LATENCY_QUANTILE_ALPHA"),
+        ({"LATENCY_OBJECTIVE_TYPE": "median"}, "LATENCY_OBJECTIVE_TYPE"),
+        ({"LATENCY_MODEL_TYPE": "forest"}, "LATENCY_MODEL_TYPE"),
+        ({"LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH": "1"}, "LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            settings_from_env(bad)
+
+
+def test_the_producer_factory_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_epp.config.loader import load_config_text
+    from llm_epp.framework import NullRecorder
+    from llm_epp.plugins import builtin_registry
+
+    monkeypatch.setenv("LATENCY_RETRAINING_INTERVAL_SEC", "7")
+    text = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+- type: predicted-latency-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-scorer
+  - pluginRef: max-score-picker
+"""
+    loaded = load_config_text(text, builtin_registry(), NullRecorder())
+    for name in ("predicted-latency-producer", "predicted-latency-scorer"):
+        assert loaded.plugins[name].predictor.settings.min_interval_s == 7  # type: ignore[attr-defined]
+    monkeypatch.setenv("LATENCY_RETRAINING_INTERVAL_SEC", "-1")
+    with pytest.raises(Exception, match="LATENCY_RETRAINING_INTERVAL_SEC"):
+        load_config_text(text, builtin_registry(), NullRecorder())

@@ -3,6 +3,8 @@ model labels, and the producer recording through a real PrometheusRecorder."""
 
 from __future__ import annotations
 
+import random
+
 from prometheus_client import generate_latest
 
 from llm_epp.framework import CycleState, ProfileResult, SchedulingResult
@@ -11,6 +13,8 @@ from llm_epp.framework.requestcontrol import ResponseInfo, Usage
 from llm_epp.latency import Features, LatencyPredictor, Prediction, PredictorSettings
 from llm_epp.observability.metrics import PrometheusRecorder
 from llm_epp.plugins.requestcontrol.predicted_latency_producer import Params, PredictedLatencyProducer
+from llm_epp.plugins.scheduling.predicted_latency_scorer import Params as ScorerParams
+from llm_epp.plugins.scheduling.predicted_latency_scorer import PredictedLatencyScorer
 from tests.unit.builders import endpoint, request
 
 
@@ -74,3 +78,44 @@ def test_unknown_models_share_one_label() -> None:
     text = generate_latest(rec.registry).decode()
     assert text.count("inference_objective_request_ttft_seconds_count{") == 1
     assert 'model_name="other"' in text
+
+
+async def test_llm_d_twins_carry_the_recording_plugin() -> None:
+    """llm-d-router's `llm_d_epp_*` names, labelled plugin_name/plugin_type first; the single-plugin scorer
+    records under its own type."""
+    rec = PrometheusRecorder(known_models=frozenset({"m"}))
+
+    class Handle:
+        recorder = rec
+        clock = 0.0
+
+        def now(self) -> float:
+            return self.clock
+
+        def rng(self, name: str) -> random.Random:
+            return random.Random(name)
+
+    handle = Handle()
+    scorer = PredictedLatencyScorer("slo", ScorerParams(), handle, Fixed())  # type: ignore[arg-type]
+    cycle = CycleState()
+    req = request(model="m", headers={"x-llm-d-slo-ttft-ms": "100", "x-llm-d-slo-tpot-ms": "50"}, stream=True)
+    await scorer.prepare_data(cycle, req, [endpoint("a")])
+    scorer.pre_request(cycle, req, SchedulingResult({"default": ProfileResult((endpoint("a"),))}, "default"))
+    handle.clock = 0.3
+    scorer.response_received(cycle, req, ResponseInfo(status=200, streaming=True), None)
+    handle.clock = 0.5
+    done = ResponseInfo(200, streaming=True, complete=True, usage=Usage(5, 11, 16), first_body_at=0.3)
+    scorer.response_complete(cycle, req, done, None)
+    text = generate_latest(rec.registry).decode()
+    labels = 'model_name="m",plugin_name="slo",plugin_type="predicted-latency-scorer",target_model_name="m"'
+    assert f"llm_d_epp_request_predicted_ttft_seconds_sum{{{labels}}} 0.25" in text
+    assert f"llm_d_epp_request_predicted_tpot_seconds_count{{{labels}}} 1.0" in text
+    assert f"llm_d_epp_request_ttft_prediction_duration_seconds_count{{{labels}}} 1.0" in text
+    assert f"llm_d_epp_request_tpot_prediction_duration_seconds_count{{{labels}}} 1.0" in text
+    assert f'llm_d_epp_request_slo_violation_total{{{labels},type="ttft"}} 1.0' in text
+    assert f'llm_d_epp_inference_request_metric{{{labels},type="ttft"}} 0.3' in text
+    assert f'llm_d_epp_inference_request_metric{{{labels},type="tpot_slo_violation"}} 0.0' in text
+    # observed TTFT/TPOT keep their GIE histograms only (llm-d's request TTFT family is request-level)
+    assert "llm_d_epp_request_ttft_seconds_bucket{plugin_name" not in text
+    assert 'inference_objective_request_ttft_seconds_count{model_name="m",target_model_name="m"} 1.0' in text
+    scorer.close()

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from llm_epp.config.loader import load_config_text
-from llm_epp.framework import CycleState, NullRecorder, ProfileResult, SchedulingResult
+from llm_epp.framework import ApiKind, CycleState, NullRecorder, ProfileResult, SchedulingResult
 from llm_epp.framework.requestcontrol import ResponseInfo, Usage
 from llm_epp.latency import Features, LatencyPredictor, PredictorSettings
 from llm_epp.plugins import builtin_registry
@@ -259,3 +259,32 @@ async def test_non_streamed_ttft_is_the_headers_time() -> None:
     p.response_received(cycle, req, ResponseInfo(status=200), None)
     p.response_complete(cycle, req, ResponseInfo(200, complete=True, usage=Usage(3, 11, 14)), None)
     assert rec.ttft == [400.0] and rec.tpot == []  # no per-token timing without a stream
+
+
+async def test_prefill_tokens_in_flight_count_until_the_response_starts() -> None:
+    """Uncached prompt tokens dispatched to an endpoint are a feature of the next requests there until the
+    response starts (headers or first token), and are released once even if it never does."""
+    rec = Recording()
+    p = PredictedLatencyProducer(params=Params(), handle=FakeHandle(), predictor=rec)
+    eps = [endpoint("a")]
+    cycle, req = (
+        CycleState(),
+        request(request_id="r1", api=ApiKind.COMPLETIONS, payload={"model": "m", "prompt": "x" * 4000}),
+    )
+    await p.prepare_data(cycle, req, eps)
+    p.pre_request(cycle, req, result("a"))
+    assert p.prefill_tokens(key("a")) == 1000  # 4000 bytes / 4, nothing cached
+    second, req2 = (
+        CycleState(),
+        request(request_id="r2", api=ApiKind.COMPLETIONS, payload={"model": "m", "prompt": "y" * 400}),
+    )
+    assert p.features(second, req2, eps)[key("a")].prefill_tokens == 1000
+    await p.prepare_data(second, req2, eps)
+    p.pre_request(second, req2, result("a"))
+    assert p.prefill_tokens(key("a")) == 1100
+    p.response_received(cycle, req, ResponseInfo(status=200, streaming=True), eps[0])
+    assert p.prefill_tokens(key("a")) == 100
+    p.response_complete(cycle, req, ResponseInfo(status=200, complete=True), eps[0])
+    assert p.prefill_tokens(key("a")) == 100  # released once
+    p.response_complete(second, req2, ResponseInfo(status=0, complete=False), eps[0])  # cancelled before a token
+    assert p.prefill_tokens(key("a")) == 0

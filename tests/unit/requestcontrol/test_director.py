@@ -167,6 +167,37 @@ async def test_response_received_returns_plugin_headers_and_a_reader() -> None:
     assert hooks.infos[0].status == 200 and hooks.infos[0].usage == Usage(1, 2, 3)
 
 
+@pytest.mark.parametrize("content_type", ["text/event-stream", "application/json"])
+async def test_first_body_bytes_are_timed_for_the_completion_hooks(content_type: str) -> None:
+    _, director, _, hooks, clock = make()
+    decision = await director.route(inp())
+    clock.now += 0.05
+    plan = director.response_received(
+        decision.handle, ResponseSeen(status=200, streaming=content_type == "text/event-stream",
+                                      headers={"content-type": content_type})
+    )  # fmt: skip
+    assert plan.reader is not None
+    clock.now += 0.2
+    plan.reader.feed(b"", False)  # an empty chunk is no first token
+    clock.now += 0.1
+    plan.reader.feed(b'data: {"choices": [{"text": "a"}]}\n\n', False)
+    first = clock.now
+    clock.now += 1.0
+    plan.reader.feed(b'data: {"usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n', True)
+    director.finish(decision.handle, Outcome(complete=True, usage=plan.reader.usage))
+    assert hooks.infos[0].first_body_at == first
+    if content_type == "text/event-stream":
+        assert hooks.infos[0].usage == Usage(1, 2, 3)  # the parser's reader still reads the usage
+
+
+async def test_without_a_body_first_body_at_stays_unknown() -> None:
+    _, director, _, hooks, _ = make()
+    decision = await director.route(inp())
+    director.response_received(decision.handle, ResponseSeen(status=200, streaming=True))
+    director.finish(decision.handle, Outcome(complete=True))
+    assert hooks.infos[0].first_body_at is None
+
+
 async def test_load_is_a_fresh_signal_for_the_next_pick() -> None:
     ds, director, _, _, _ = make()
     decisions = [await director.route(inp()) for _ in range(6)]

@@ -10,12 +10,13 @@ Scheduling intent:
 
 Inputs consumed:
     Endpoint metrics (KV-cache utilization, waiting and running requests), the EPP's in-flight load per
-    endpoint (`Endpoint.load`), the prefix-cache match (`prefix-cache-match-info`, so the default
-    `approx-prefix-cache-producer` is added when none is configured), the prompt length (request body
-    bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
+    endpoint (`Endpoint.load`), the uncached prompt tokens it has dispatched to each endpoint and not yet
+    seen a response start for (prefill tokens in flight), the prefix-cache match (`prefix-cache-match-info`,
+    so the default `approx-prefix-cache-producer` is added when none is configured), the prompt length
+    (request body bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
     (milliseconds; the older `x-slo-ttft-ms` / `x-slo-tpot-ms` are read when the new ones are absent).
-    Training: TTFT = dispatch to the first response body bytes when the director reports them
-    (`ResponseInfo.first_body_at`), else to the response headers (for a non-streamed response either is
+    Training: TTFT = dispatch to the first response body bytes (`ResponseInfo.first_body_at`, timed by
+    the director), else to the response headers (for a non-streamed response either is
     the whole response, as in the reference); TPOT = (end - first body bytes or headers) / (completion
     tokens - 1) of streamed responses that report usage. Only 2xx responses train.
 
@@ -27,6 +28,9 @@ Configuration:
     predictInPrepareData (bool, default true): false trains the predictor but publishes no predictions.
     endpointRoleLabel (string, default ""): endpoints whose label of this name is `prefill` do not
         generate tokens, so their TPOT is not checked.
+    The predictor itself reads the reference's LATENCY_* environment variables (refit interval, minimum
+    samples, window, objective and quantile; see docs/latency-prediction.md); variables with no in-process
+    counterpart are logged at startup as having no effect.
     contextTTL (duration, default 5m): a request that ends later than this after dispatch does not train
         the predictor (the reference drops its context then).
     samplingMean (float > 0, default 1000) and maxDecodeTokenSamplesForPrediction (int >= 0, default 0):
@@ -36,7 +40,9 @@ Configuration:
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,9 +65,11 @@ from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.latency import LatencyRecorder
 from llm_epp.framework.requestcontrol import ResponseInfo
 from llm_epp.latency import Features, LatencyPredictor, Prediction, PredictorSettings
+from llm_epp.latency.predictor import settings_from_env
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, prompt_bytes
 
 TYPE = "predicted-latency-producer"
+log = logging.getLogger(__name__)
 
 TTFT_SLO_HEADER = "x-llm-d-slo-ttft-ms"
 TPOT_SLO_HEADER = "x-llm-d-slo-tpot-ms"
@@ -154,14 +162,13 @@ class _RequestContext:
     tpot_slo: float
     features: dict[EndpointKey, Features]
     predictions: dict[EndpointKey, Prediction] = field(default_factory=dict)
+    infos: dict[EndpointKey, LatencyPredictionInfo] = field(default_factory=dict)
     target: EndpointKey | None = None
     dispatched_at: float = 0.0
     headers_at: float | None = None
     status: int = 0
     ttft_seen: bool = False
-
-
-_CONTEXT_KEY: StateKey[_RequestContext] = StateKey("predicted-latency-producer.request")
+    prefill_reserved: int = 0  # uncached prompt tokens counted in the target's prefill tokens in flight
 
 
 class PredictedLatencyProducer:
@@ -176,13 +183,18 @@ class PredictedLatencyProducer:
         predictor: LatencyPredictor | None = None,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.metrics_owner = self._typed_name  # the plugin named in the llm_d_epp_* metric labels
         self.params = params or Params()
+        # per instance, so two producers (or a producer and predicted-latency-scorer) keep apart
+        self._context_key: StateKey[_RequestContext] = StateKey(f"{TYPE}.request/{name}")
         self.predictor = predictor or LatencyPredictor(PredictorSettings())
         self._clock = handle.now if handle is not None else time.monotonic
         recorder = handle.recorder if handle is not None else None
         self._metrics: LatencyRecorder | None = recorder if isinstance(recorder, LatencyRecorder) else None
         # endpoint -> request id -> TPOT SLO (ms) of the requests in flight there that carry one
         self._running_tpot_slos: dict[EndpointKey, dict[str, float]] = {}
+        # endpoint -> uncached prompt tokens dispatched there whose first token has not come back yet
+        self._prefill_tokens: dict[EndpointKey, int] = {}
 
     @property
     def typed_name(self) -> TypedName:
@@ -210,6 +222,7 @@ class PredictedLatencyProducer:
                 prefix_score=match.score(ep.key) if match is not None else 0.0,
                 tokens_in_flight=ep.load.tokens,
                 dispatched=ep.load.requests,
+                prefill_tokens=self._prefill_tokens.get(ep.key, 0),
             )
         return out
 
@@ -248,7 +261,7 @@ class PredictedLatencyProducer:
             tpot_slo=slo_ms(headers, TPOT_SLO_HEADER, OLD_TPOT_SLO_HEADER),
             features=self.features(cycle, request, endpoints),
         )
-        cycle.write(_CONTEXT_KEY, ctx)
+        cycle.write(self._context_key, ctx)
         if not self.params.predict_in_prepare_data:
             return
         t0 = time.perf_counter()
@@ -259,20 +272,21 @@ class PredictedLatencyProducer:
                 return  # nothing observed yet: publish nothing, consumers fall back
             ctx.predictions[ep.key] = pred
             infos[ep.key] = self._info(ctx, ep, pred)
+        ctx.infos = infos
         if self._metrics is not None and endpoints:
             spent = time.perf_counter() - t0
             self._metrics.latency_observed(
-                request.incoming_model, request.target_model, "ttft_prediction_duration", spent
+                request.incoming_model, request.target_model, "ttft_prediction_duration", spent, self.metrics_owner
             )
             if self.params.streaming_mode:
                 self._metrics.latency_observed(
-                    request.incoming_model, request.target_model, "tpot_prediction_duration", spent
+                    request.incoming_model, request.target_model, "tpot_prediction_duration", spent, self.metrics_owner
                 )
         cycle.write(LATENCY_PREDICTIONS_KEY, infos)
 
     # --- PreRequest ------------------------------------------------------------------------------------
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
-        ctx = cycle.read(_CONTEXT_KEY)
+        ctx = cycle.read(self._context_key)
         primary = result.primary
         if ctx is None or primary is None or not primary.target_endpoints:
             return
@@ -281,23 +295,32 @@ class PredictedLatencyProducer:
         ctx.dispatched_at = self._clock()
         if ctx.tpot_slo > 0:
             self._running_tpot_slos.setdefault(target, {})[request.request_id] = ctx.tpot_slo
+        features = ctx.features.get(target)
+        if features is not None:
+            ctx.prefill_reserved = max(round(features.uncached_tokens), 0)
+            self._prefill_tokens[target] = self._prefill_tokens.get(target, 0) + ctx.prefill_reserved
         pred = ctx.predictions.get(target)
         if pred is not None and self._metrics is not None:
             self._metrics.latency_observed(
-                request.incoming_model, request.target_model, "predicted_ttft", pred.ttft_ms / 1000
+                request.incoming_model, request.target_model, "predicted_ttft", pred.ttft_ms / 1000, self.metrics_owner
             )
             if self.params.streaming_mode:
                 self._metrics.latency_observed(
-                    request.incoming_model, request.target_model, "predicted_tpot", pred.tpot_ms / 1000
+                    request.incoming_model,
+                    request.target_model,
+                    "predicted_tpot",
+                    pred.tpot_ms / 1000,
+                    self.metrics_owner,
                 )
 
     # --- ResponseReceived ------------------------------------------------------------------------------
     def response_received(
         self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
     ) -> None:
-        ctx = cycle.read(_CONTEXT_KEY)
+        ctx = cycle.read(self._context_key)
         if ctx is None or ctx.target is None or ctx.headers_at is not None:
             return
+        self._release_prefill(ctx, ctx.target)  # the response has begun: its prefill is done
         ctx.headers_at = self._clock()
         ctx.status = response.status
         if not response.streaming:  # the headers come with the whole answer: that is the TTFT
@@ -312,18 +335,23 @@ class PredictedLatencyProducer:
         if target in ctx.features and at - ctx.dispatched_at <= self.params.context_ttl:
             self.predictor.observe_ttft(ctx.features[target], ttft_ms)
         if self._metrics is not None:
-            self._metrics.latency_observed(request.incoming_model, request.target_model, "ttft", ttft_ms / 1000)
+            self._metrics.latency_observed(
+                request.incoming_model, request.target_model, "ttft", ttft_ms / 1000, self.metrics_owner
+            )
             if ctx.ttft_slo > 0:
                 violated = ttft_ms > ctx.ttft_slo
-                self._metrics.latency_slo_checked(request.incoming_model, request.target_model, "ttft", violated)
+                self._metrics.latency_slo_checked(
+                    request.incoming_model, request.target_model, "ttft", violated, self.metrics_owner
+                )
 
     # --- ResponseComplete ------------------------------------------------------------------------------
     def response_complete(
         self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
     ) -> None:
-        ctx = cycle.read(_CONTEXT_KEY)
+        ctx = cycle.read(self._context_key)
         if ctx is None or ctx.target is None:
             return
+        self._release_prefill(ctx, ctx.target)
         running = self._running_tpot_slos.get(ctx.target)
         if running is not None:
             running.pop(request.request_id, None)
@@ -349,10 +377,32 @@ class PredictedLatencyProducer:
         if target in ctx.features:
             self.predictor.observe_tpot(ctx.features[target], tpot_ms)
         if self._metrics is not None:
-            self._metrics.latency_observed(request.incoming_model, request.target_model, "tpot", tpot_ms / 1000)
+            self._metrics.latency_observed(
+                request.incoming_model, request.target_model, "tpot", tpot_ms / 1000, self.metrics_owner
+            )
             if ctx.tpot_slo > 0:
                 violated = tpot_ms > ctx.tpot_slo
-                self._metrics.latency_slo_checked(request.incoming_model, request.target_model, "tpot", violated)
+                self._metrics.latency_slo_checked(
+                    request.incoming_model, request.target_model, "tpot", violated, self.metrics_owner
+                )
+
+    def _release_prefill(self, ctx: _RequestContext, target: EndpointKey) -> None:
+        if ctx.prefill_reserved:
+            left = self._prefill_tokens.get(target, 0) - ctx.prefill_reserved
+            if left > 0:
+                self._prefill_tokens[target] = left
+            else:
+                self._prefill_tokens.pop(target, None)
+            ctx.prefill_reserved = 0
+
+    def prefill_tokens(self, key: EndpointKey) -> int:
+        """Uncached prompt tokens dispatched to `key` whose first token has not come back yet."""
+        return self._prefill_tokens.get(key, 0)
+
+    def predictions(self, cycle: CycleState) -> Mapping[EndpointKey, LatencyPredictionInfo]:
+        """This producer's predictions for the request of `cycle` (empty when it published none)."""
+        ctx = cycle.read(self._context_key)
+        return ctx.infos if ctx is not None else {}
 
     def running_tpot_slos(self, key: EndpointKey) -> Mapping[str, float]:
         return dict(self._running_tpot_slos.get(key, {}))
@@ -361,5 +411,14 @@ class PredictedLatencyProducer:
         self.predictor.close()
 
 
+def predictor_from_env(plugin: str) -> LatencyPredictor:
+    """A predictor configured from the reference's LATENCY_* environment variables (see
+    `llm_epp.latency.predictor.settings_from_env`); a malformed value is a configuration error."""
+    settings, notes = settings_from_env(os.environ, PredictorSettings())
+    for note in notes:
+        log.warning("latency_predictor_setting_ignored plugin=%s %s", plugin, note)
+    return LatencyPredictor(settings)
+
+
 def factory(name: str, params: Params, handle: Handle) -> PredictedLatencyProducer:
-    return PredictedLatencyProducer(name, params, handle)
+    return PredictedLatencyProducer(name, params, handle, predictor_from_env(name))
