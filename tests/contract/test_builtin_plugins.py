@@ -14,7 +14,13 @@ import pytest
 from llm_epp.framework import Filter, Picker, ProfileHandler, Registry, Scorer, ScorerCategory
 from llm_epp.framework.datalayer import DataSource, Extractor
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from llm_epp.framework.flowpolicy import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
@@ -29,6 +35,8 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     FairnessPolicy,
     OrderingPolicy,
     UsageLimitPolicy,
+    EvictionOrderingPolicy,
+    EvictionFilterPolicy,
     Filter,
     Scorer,
     Picker,
