@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-overload proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ bench-chaos: $(STAMP)  # pods killed under load and a drain, through real Envoy;
 
 bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoints, snapshot kept vs rebuilt (~5 min)
 	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md
+
+bench-overload: $(STAMP)  # two tenants at 1.5x and 3x capacity, 4 routers, virtual time (two runs of ~12 min)
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --output benchmarks/results/overload.md
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --output benchmarks/results/overload.md --append
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -23,6 +23,7 @@ from llm_epp.composition import build_request_path
 from llm_epp.config import LoadedConfig
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.objectives import ObjectivesConfig, ObjectivesStore
+from llm_epp.flowcontrol.controller import FlowControlObserver
 from llm_epp.framework import EndpointKey, EndpointMetadata, Metrics, NullRecorder, Recorder, Registry, seeded_random
 from llm_epp.framework.requestcontrol import Usage
 from llm_epp.requestcontrol.director import Director
@@ -188,7 +189,8 @@ class EppRouter(Router):
     and their names; ``handle.now()`` is the virtual clock.
 
     ``objectives`` (priorities and model rewrites, as in an objectives file), ``recorder``, ``registry`` and
-    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are."""
+    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are; ``flow_observer`` sees
+    what flow control does (the metrics' view: queue times and outcomes)."""
 
     name = "llm-epp"
 
@@ -204,6 +206,7 @@ class EppRouter(Router):
         recorder: Recorder | None = None,
         registry: Registry | None = None,
         disable_subset_filter: bool = False,
+        flow_observer: FlowControlObserver | None = None,
     ) -> None:
         self.scrape_interval = scrape_interval
         self._model = model
@@ -218,6 +221,7 @@ class EppRouter(Router):
             clock=self.now,
             random_source=source,
             registry=registry,
+            flow_observer=flow_observer,
         )
         self.datastore: Datastore = path.datastore
         self.config: LoadedConfig = path.config
