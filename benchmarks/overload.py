@@ -289,9 +289,8 @@ def totals(runs: Sequence[RunResult]) -> list[str]:
         pre = sum(t.preemptions_per_request * t.measured for t in run_.rows) / max(served, 1)
         ref = base.get(run_.factor)
         vs = f"{(done / ref - 1) * 100:+.1f}%" if ref else "n/a"
-        lines.append(
-            f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {_f(pre)} | {_f(run_.rows[1].itl[0] * 1000, 1)} |"
-        )
+        itl = _f(run_.rows[1].itl[0] * 1000, 1)
+        lines.append(f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {_f(pre)} | {itl} |")
     return lines
 
 
