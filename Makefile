@@ -64,8 +64,8 @@ bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoin
 	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md
 
 bench-overload: $(STAMP)  # two tenants at 1.5x and 3x capacity, 4 routers, virtual time (two runs of ~12 min)
-	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --output benchmarks/results/overload.md
-	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --output benchmarks/results/overload.md --append
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --seconds 180 --skip 60
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --seconds 120 --skip 40 --append
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -26,9 +26,9 @@ Figures from the requests arriving after ``--skip`` seconds: completions per sec
 (and output tokens/s), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per finished request,
 time queued at the EPP (flow control's own account), and 429/503 counts.
 
-    python -m benchmarks.overload                       # 1.5x and 3x, 240 s each, all routers (~10 min)
+    python -m benchmarks.overload                       # 1.5x and 3x, 180 s each, all routers (~30 min)
     python -m benchmarks.overload --smoke               # seconds: tiny profile and workload (tests)
-    [--factors 1.5,3] [--seconds 240] [--skip 60] [--seed 1] [--routers a,b] [--output FILE] [--append]
+    [--factors 1.5,3] [--seconds 180] [--skip 60] [--seed 1] [--routers a,b] [--output FILE] [--append]
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
-    ap.add_argument("--seconds", type=float, default=240.0, help="virtual seconds of arrivals")
+    ap.add_argument("--seconds", type=float, default=180.0, help="virtual seconds of arrivals")
     ap.add_argument("--skip", type=float, default=60.0, help="arrivals before this are not measured")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--routers", default=",".join(ROUTERS))
