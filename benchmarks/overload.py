@@ -81,11 +81,16 @@ KV_HEADROOM = (
     + "flowControl:\n  saturationDetector: {pluginRef: kv-cache-headroom-detector}\n"
     + _PROFILE % "  - {pluginRef: kv-cache-headroom-detector}\n"
 )
+KV_HOME = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {keepPrefixHome: true}\n",
+)
 ROUTERS: dict[str, str | None] = {
     "round-robin": "",
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom + prefix home": KV_HOME,
 }
 """Label -> EndpointPickerConfig (None: the default; "": no EPP)."""
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from llm_epp.framework import CycleState, Endpoint, ProfileResult, SchedulingResult
 from llm_epp.framework.requestcontrol import ResponseInfo, Usage
 from llm_epp.framework.types import Metrics
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, PrefixMatch
 from llm_epp.plugins.scheduling.kv_cache_headroom_detector import KvCacheHeadroomDetector, Params, factory
 from tests.unit.builders import FakeHandle, endpoint, request
 
@@ -120,3 +121,23 @@ def test_an_aborted_request_is_forgotten_without_calibrating() -> None:
     cycle = _send(det, ep, prompt_bytes=4000, max_tokens=100)
     det.response_complete(cycle, request(), ResponseInfo(status=0, complete=False), ep)
     assert det.in_flight(ep.key) == 0 and det.tokens_per_byte == 0.25
+
+
+def _with_prefix(hashes: tuple[int, ...]) -> CycleState:
+    cycle = CycleState()
+    cycle.write(PREFIX_MATCH_KEY, PrefixMatch(hashes, {}, 16))
+    return cycle
+
+
+@pytest.mark.parametrize(("keep_home", "expected"), [(False, ["b"]), (True, ["a"])])
+def test_a_request_whose_prefix_pod_is_full_moves_or_waits_there(keep_home: bool, expected: list[str]) -> None:
+    det = factory("kv", Params(keepPrefixHome=keep_home), FakeHandle())
+    home, other = _ep("a", kv=0.9), _ep("b", kv=0.1, address="10.0.0.2")
+    prefix = tuple(range(100))  # 1,600 tokens held by a request in flight on `a`
+    first = dataclasses.replace(request(payload={"model": "m", "max_tokens": 500}), size_bytes=4 * 2000)
+    det.pre_request(_with_prefix(prefix), first, SchedulingResult({"default": ProfileResult((home,))}, "default"))
+    second = dataclasses.replace(request(payload={"model": "m", "max_tokens": 500}), size_bytes=4 * 2000)
+    # the held prefix makes `a` cheaper for it (400 new prompt tokens instead of 2,000), but `a` is still full
+    assert det._request_size(_with_prefix(prefix), second, home.key)[0] == pytest.approx(400)
+    kept = det.filter(_with_prefix(prefix), second, [home, other])
+    assert [e.key.name for e in kept] == expected

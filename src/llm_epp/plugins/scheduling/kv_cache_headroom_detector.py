@@ -35,11 +35,15 @@ Configuration:
         requests without `max_tokens`.
     defaultInterTokenLatencyMs (float > 0, default 100): inter-token latency before any has been observed
         (a slow guess counts fewer tokens generated, so more growth still to come: the safe side).
+    keepPrefixHome (bool, default false): as a filter, when the endpoints holding the longest part of the
+        request's prefix (held by requests in flight there) have no room, keep only the best of them instead
+        of the endpoints with room: the request waits in that model server's queue rather than copying its
+        prefix to another one (more sharing, at the risk of the overflow the prediction warns of).
 
     saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
-    the endpoints whose peak with the request stays within the limit; when none does, the one with the
-    lowest predicted peak.
+    the endpoints whose peak with the request stays within the limit (see keepPrefixHome); when none does,
+    the one with the lowest predicted peak.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class Params(PluginParams):
     default_inter_token_latency_ms: float = Field(
         default=100.0, gt=0.0, allow_inf_nan=False, alias="defaultInterTokenLatencyMs"
     )
+    keep_prefix_home: bool = Field(default=False, alias="keepPrefixHome")
 
 
 @dataclass(slots=True)
@@ -111,11 +116,13 @@ class KvCacheHeadroomDetector:
         kv_cache_tokens: int = 0,
         default_output_tokens: int = 512,
         default_itl: float = 0.1,
+        keep_prefix_home: bool = False,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self._handle = handle
         self.headroom = headroom
         self.kv_cache_tokens = kv_cache_tokens
+        self.keep_prefix_home = keep_prefix_home
         self._inflight: dict[EndpointKey, dict[int, _InFlight]] = {}
         self._held: dict[EndpointKey, dict[int, int]] = {}  # block hash -> in-flight requests holding it
         # calibrated from completions
@@ -209,6 +216,13 @@ class KvCacheHeadroomDetector:
             return endpoints
         ratios = [(self._ratio(ep, *self._request_size(cycle, request, ep.key)), ep) for ep in endpoints]
         fits = [ep for r, ep in ratios if r <= 1.0]
+        if self.keep_prefix_home:
+            shared = [(self._shared(cycle, ep.key)[0], r, ep) for r, ep in ratios]
+            most = max(t[0] for t in shared)
+            if most > 0:
+                homes = [t for t in shared if t[0] == most]
+                if not any(r <= 1.0 for _, r, _ in homes):
+                    return [min(homes, key=lambda t: t[1])[2]]  # wait at home rather than copy the prefix
         if fits:
             return fits
         return [min(ratios, key=lambda t: t[0])[1]]
@@ -306,4 +320,5 @@ def factory(name: str, params: Params, handle: Handle) -> KvCacheHeadroomDetecto
         params.kv_cache_tokens,
         params.default_output_tokens,
         params.default_inter_token_latency_ms / 1000.0,
+        params.keep_prefix_home,
     )
