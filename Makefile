@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoin
 bench-pd: $(STAMP)  # prefill/decode disaggregation vs aggregated pods: virtual-time sweeps, then a short live run through Envoy and the sidecar (~8 min)
 	nice -n 10 $(BIN)/python -m benchmarks.pd
 	nice -n 10 $(BIN)/python -m benchmarks.pd_live
+
+bench-overload: $(STAMP)  # two tenants at 1.5x and 3x capacity, 4 routers, virtual time (two runs of ~12 min)
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --seconds 180 --skip 60
+	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --seconds 120 --skip 40 --append
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -114,6 +114,7 @@ def build(opts: Options) -> Components:
             disable_subset_filter=opts.disable_endpoint_subset_filter,
             tracer=tracer,
             flow_observer=FlowControlMetrics(recorder.registry, opts.pool_name),
+            metrics_lag=opts.refresh_metrics_interval + opts.metrics_staleness_threshold,
         )
     except ConfigError as e:
         raise StartupError(str(e)) from None

@@ -13,7 +13,7 @@ from llm_epp.config import LoadedConfig, load_config, load_config_text
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.objectives import ObjectivesStore
 from llm_epp.flowcontrol import FlowController
-from llm_epp.flowcontrol.controller import FlowControlObserver
+from llm_epp.flowcontrol.controller import METRICS_LAG_S, FlowControlObserver
 from llm_epp.framework import RandomSource, Recorder, Registry, os_random
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -55,6 +55,7 @@ def build_request_path(
     registry: Registry | None = None,
     tracer: Tracer = NULL_TRACER,
     flow_observer: FlowControlObserver | None = None,
+    metrics_lag: float = METRICS_LAG_S,
 ) -> RequestPath:
     """Builds an empty endpoint store called `pool_name` (or takes `datastore`), loads the
     EndpointPickerConfig (`config_file`, else `config_text`; neither: the default configuration) and wires
@@ -62,7 +63,8 @@ def build_request_path(
 
     `clock` is the time plugins and the director read (`handle.now()`, request durations); `random_source`
     gives every plugin, profile and the
-    director its random generator (`seeded_random(seed)` for a reproducible run). Raises `ConfigError`."""
+    director its random generator (`seeded_random(seed)` for a reproducible run). `metrics_lag` (metrics
+    refresh interval + staleness threshold) paces flow-control eviction. Raises `ConfigError`."""
     datastore = datastore if datastore is not None else Datastore(pool_name=pool_name)
     registry = registry or builtin_registry()
     if config_file:
@@ -76,7 +78,9 @@ def build_request_path(
     objectives = objectives or ObjectivesStore(rng=random_source("objectives"))
     flow_control = None  # the flowControl gate: requests wait in the EPP's queues (flow_observer: its metrics)
     if config.flow_control is not None and config.saturation is not None:
-        flow_control = FlowController(config.flow_control, config.saturation, datastore.snapshot, flow_observer)
+        flow_control = FlowController(
+            config.flow_control, config.saturation, datastore.snapshot, flow_observer, metrics_lag=metrics_lag
+        )
     director = Director(
         datastore.snapshot,
         config.scheduler,

@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 
 from llm_epp.config import ConfigError, load_config
-from llm_epp.config.gates import EVICTION_UNSUPPORTED
 from llm_epp.framework import NullRecorder
 from llm_epp.plugins import builtin_registry
 
 CONFIGS = Path(__file__).parent / "configs"
 
-EVICTION = "flow-control eviction"
 # upstream ignores a plugin in a profile that is no filter, scorer or picker (the llm-d precise guide lists
 # its `tokenizer` there); llm-epp's loader refuses it
 PROFILE_PRODUCER = "data producer listed in a profile"
@@ -28,12 +26,7 @@ GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
 GUIDES = "llm-d guides"
 
-NOT_YET: dict[str, tuple[str, frozenset[str]]] = {
-    "guide-async-flow-control.yaml": (
-        f"{GUIDES} batch-serving/asynchronous-processing/multitenant/values/router/flow-control.yaml",
-        frozenset({EVICTION}),
-    ),
-}
+NOT_YET: dict[str, tuple[str, frozenset[str]]] = {}
 """Config -> (the upstream files it mirrors, what it needs that llm-epp does not have yet)."""
 
 _UNKNOWN = re.compile(
@@ -55,8 +48,6 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(m.group(1) or m.group(2))
         elif m := _UNSUPPORTED_REF.search(p):
             missing.add(m.group(1))  # a parameter naming a producer that does not exist yet
-        elif EVICTION_UNSUPPORTED in p:
-            missing.add(EVICTION)
         elif _PROFILE_PRODUCER.search(p):
             missing.add(PROFILE_PRODUCER)
         else:

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from llm_epp.config import ConfigError, LoadedConfig, load_config_text
-from llm_epp.config.gates import EVICTION_UNSUPPORTED, FLOW_CONTROL_WITHOUT_GATE
+from llm_epp.config.gates import FLOW_CONTROL_WITHOUT_GATE
 from llm_epp.framework import NullRecorder, Registry
 from llm_epp.plugins import builtin_registry
 from tests.compat.plugins import ColourProducer, JsonParser, compat_registry
@@ -168,7 +168,6 @@ def test_flow_control_defaults_follow_the_api_version() -> None:
 @pytest.mark.parametrize(
     ("section", "fragment"),
     [
-        ("{enableEviction: true}", EVICTION_UNSUPPORTED),
         ("{defaultPriorityBand: {orderingPolicyRef: nope}}", "no plugin named 'nope' is defined"),
         ("{priorityBands: [{priority: 1, fairnessPolicyRef: queue-scorer}]}", "is not a fairness policy"),
         ("{usageLimitPolicyPluginRef: queue-scorer}", "is not a usage limit policy"),
@@ -180,6 +179,28 @@ def test_flow_control_defaults_follow_the_api_version() -> None:
 def test_flow_control_problems(section: str, fragment: str) -> None:
     problems = _problems(GIE + f"featureGates: [flowControl]\nplugins:\n- type: queue-scorer\nflowControl: {section}\n")
     assert any(fragment in p for p in problems), problems
+
+
+def test_enable_eviction_uses_the_declared_policies_or_the_built_in_ones() -> None:
+    base = GIE + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n"
+    off = _load(base).flow_control
+    assert off is not None and off.eviction is None
+    on = _load(base + "flowControl: {enableEviction: true}\n").flow_control
+    assert on is not None and on.eviction is not None
+    assert on.eviction.ordering.typed_name.type == "priority-then-time-eviction-order-policy"
+    assert on.eviction.filter.typed_name.type == "sheddable-eviction-filter"
+    named = _load(
+        GIE + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n"
+        "- {name: mine, type: sheddable-eviction-filter}\nflowControl: {enableEviction: true}\n"
+    ).flow_control
+    assert named is not None and named.eviction is not None and named.eviction.filter.typed_name.name == "mine"
+    # an ordering policy of queued requests is no eviction order
+    queued = _load(
+        GIE + "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n- type: fcfs-ordering-policy\n"
+        "flowControl: {enableEviction: true}\n"
+    ).flow_control
+    assert queued is not None and queued.eviction is not None
+    assert queued.eviction.ordering.typed_name.type == "priority-then-time-eviction-order-policy"
 
 
 def test_flow_control_quantities_are_kubernetes_quantities() -> None:

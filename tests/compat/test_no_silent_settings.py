@@ -30,7 +30,13 @@ from llm_epp.framework.datalayer import (
     source_payload,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from llm_epp.framework.flowpolicy import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.requestcontrol import PrepareData
 from llm_epp.plugins import builtin_registry
@@ -319,6 +325,8 @@ def _placement(plugin_type: str) -> str:
         sections.append("featureGates: [flowControl]\nflowControl: {defaultPriorityBand: {orderingPolicyRef: p}}\n")
     if isinstance(probe, UsageLimitPolicy):
         sections.append("featureGates: [flowControl]\nflowControl: {usageLimitPolicyPluginRef: p}\n")
+    if isinstance(probe, (EvictionOrderingPolicy, EvictionFilterPolicy)):
+        sections.append("featureGates: [flowControl]\nflowControl: {enableEviction: true}\n")
     return base + "".join(sections)
 
 
@@ -365,6 +373,8 @@ def _runs(loaded: LoadedConfig, plugin: object) -> list[str]:
         bands = [fc.default_band, *fc.bands.values()]
         if plugin is fc.usage_limit or any(plugin is b.fairness or plugin is b.ordering for b in bands):
             places.append("flow control")
+        if fc.eviction is not None and (plugin is fc.eviction.ordering or plugin is fc.eviction.filter):
+            places.append("flow-control eviction")
     return places
 
 

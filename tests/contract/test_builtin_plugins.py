@@ -24,7 +24,13 @@ from llm_epp.framework.datalayer import (
     PageAttributeExtractor,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from llm_epp.framework.flowpolicy import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 from llm_epp.framework.requestcontrol import Admission, PrepareData, PreRequest, ResponseComplete, ResponseReceived
@@ -39,6 +45,8 @@ EXTENSION_POINTS: tuple[Any, ...] = (
     FairnessPolicy,
     OrderingPolicy,
     UsageLimitPolicy,
+    EvictionOrderingPolicy,
+    EvictionFilterPolicy,
     Filter,
     Scorer,
     Picker,

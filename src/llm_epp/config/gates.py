@@ -32,10 +32,6 @@ FLOW_CONTROL_WITHOUT_GATE = (
     "flowControl settings take effect only with the flowControl feature gate (as upstream): add "
     "`featureGates: [flowControl]` to queue requests in the EPP, or remove the settings"
 )
-EVICTION_UNSUPPORTED = (
-    "in-flight eviction (flowControl.enableEviction, llm-d-router) is not supported yet: remove it; "
-    "queued requests still wait by priority and expire by their time to live"
-)
 
 _UNSUPPORTED: dict[tuple[str, bool], str] = {
     (LEGACY_METRICS, True): (

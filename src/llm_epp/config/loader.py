@@ -490,7 +490,15 @@ def _build(
     discovery = resolve_discovery(spec, plugins, types, problems, declared)
     check_in_flight_refs(spec, types, problems)
     flow_control = resolve_flow_control(
-        spec, gates.values[FLOW_CONTROL], registry, plugins, types, add_default, problems, declared
+        spec,
+        gates.values[FLOW_CONTROL],
+        registry,
+        plugins,
+        types,
+        add_default,
+        problems,
+        declared,
+        build_internal=lambda plugin_type: registry.build(plugin_type, plugin_type, None, handle),
     )
     order, graph_problems = graph.data_order(plugins, types)
     problems += graph_problems
@@ -568,6 +576,8 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
             *([fc.default_negative_band] if fc.default_negative_band else []),
         ]:
             used.update((id(band.fairness), id(band.ordering)))
+        if fc.eviction is not None:
+            used.update((id(fc.eviction.ordering), id(fc.eviction.filter)))
     named = {v for ps in spec.plugins for v in _strings(ps.parameters)}  # plugins another plugin refers to
     out = []
     for i, ps in enumerate(spec.plugins):
@@ -605,6 +615,11 @@ def _describe_flow_control(fc: FlowControlConfig) -> str:
         lines.append(
             f"  {label}: {limit(b.max_requests, 'requests')}, {limit(b.max_bytes, 'bytes')}, "
             f"fairness {b.fairness.typed_name}, ordering {b.ordering.typed_name}"
+        )
+    if fc.eviction is not None:
+        ev = fc.eviction
+        lines.append(
+            f"  eviction of dispatched requests: filter {ev.filter.typed_name}, order {ev.ordering.typed_name}"
         )
     return "\n".join(lines)
 

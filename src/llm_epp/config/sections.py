@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llm_epp.config.gates import EVICTION_UNSUPPORTED, FLOW_CONTROL_WITHOUT_GATE
+from llm_epp.config.gates import FLOW_CONTROL_WITHOUT_GATE
 from llm_epp.config.schema import LLM_D_API_VERSIONS, EndpointPickerConfigSpec, PriorityBandSpec
 from llm_epp.flowcontrol.config import (
     BAND_MAX_BYTES,
     ROUTER_BAND_MAX_REQUESTS,
     ROUTER_REQUEST_TTL,
     BandConfig,
+    EvictionPolicies,
     FlowControlConfig,
 )
 from llm_epp.framework import Plugin, Registry
@@ -38,7 +39,13 @@ from llm_epp.framework.datalayer import (
 )
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.flowcontrol import SaturationDetector
-from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from llm_epp.framework.flowpolicy import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 from llm_epp.framework.parsing import Parser
 from llm_epp.framework.registry import PluginParamsError
 
@@ -50,6 +57,8 @@ DEFAULT_EXTRACTOR = "core-metrics-extractor"  # the reference instantiates it wh
 DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
 DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
 DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
+DEFAULT_EVICTION_ORDERING = "priority-then-time-eviction-order-policy"
+DEFAULT_EVICTION_FILTER = "sheddable-eviction-filter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +346,7 @@ def resolve_flow_control(
     add_default: Callable[[str], Plugin],
     problems: list[str],
     declared: set[str],
+    build_internal: Callable[[str], Plugin] | None = None,
 ) -> FlowControlConfig | None:
     """`flowControl` with the `flowControl` gate on: the bands with their policies (references to declared
     plugins; upstream's default policies are created when not declared), limits and TTLs. Defaults follow
@@ -418,9 +428,9 @@ def resolve_flow_control(
         if value is not None and value < 0:
             ok = False
             problems.append(f"flowControl.{where}: must not be negative, got {value}")
+    eviction = None
     if fc is not None and fc.enable_eviction:
-        ok = False
-        problems.append(f"flowControl.enableEviction: {EVICTION_UNSUPPORTED}")
+        eviction = _eviction_policies(plugins, build_internal or add_default)
     for where, template in (
         ("defaultPriorityBand", fc.default_priority_band if fc else None),
         ("defaultNegativePriorityBand", fc.default_negative_priority_band if fc else None),
@@ -473,4 +483,19 @@ def resolve_flow_control(
         max_requests=(fc.max_requests or 0) if fc else 0,
         request_ttl=request_ttl,
         no_endpoint_request_ttl=no_endpoint_ttl,
+        eviction=eviction,
     )
+
+
+def _eviction_policies(plugins: dict[str, Plugin], build: Callable[[str], Plugin]) -> EvictionPolicies:
+    """The eviction order and filter: a declared plugin of each kind (a Python plugin may provide its own),
+    else llm-d-router's built-ins, which it always uses. The built-ins are part of the eviction machinery, not
+    declared plugins (as upstream, enabling eviction needs no --allow-experimental-plugins)."""
+    ordering: Plugin | None = next((p for p in plugins.values() if isinstance(p, EvictionOrderingPolicy)), None)
+    filter_: Plugin | None = next((p for p in plugins.values() if isinstance(p, EvictionFilterPolicy)), None)
+    if ordering is None:
+        ordering = build(DEFAULT_EVICTION_ORDERING)
+    if filter_ is None:
+        filter_ = build(DEFAULT_EVICTION_FILTER)
+    assert isinstance(ordering, EvictionOrderingPolicy) and isinstance(filter_, EvictionFilterPolicy)
+    return EvictionPolicies(ordering, filter_)

@@ -300,3 +300,22 @@ def immediate_response(err: EppError, request_id: str = "", headers: Sequence[tu
         details=f"llm_epp_{err.code.value}",
     )
     return pb.ProcessingResponse(immediate_response=ir).SerializeToString()
+
+
+EVICTED_BODY = b"request evicted by flow control"
+
+
+def evicted_response(request_id: str = "") -> bytes:
+    """The answer that ends a dispatched request flow control evicted (llm-d-router's): 429, a plain-text
+    body and the dropped-reason header `evicted`. Envoy resets the upstream request; a client whose response
+    had already started sees its stream cut."""
+    sets = [_hvo(h.DROPPED_REASON, "evicted")]
+    if request_id:
+        sets.append(_hvo(h.REQUEST_ID, request_id))
+    ir = pb.ImmediateResponse(
+        status=HttpStatus(code=ErrorCode.RESOURCE_EXHAUSTED.http_status),
+        headers=pb.HeaderMutation(set_headers=sets),
+        body=EVICTED_BODY,
+        details="llm_epp_evicted",
+    )
+    return pb.ProcessingResponse(immediate_response=ir).SerializeToString()

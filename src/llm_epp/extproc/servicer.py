@@ -13,6 +13,7 @@ values in (`RequestInput`, `ResponseSeen`, `Outcome`) and gives values back (`Ro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
@@ -163,7 +164,16 @@ class ExtProcServicer:
         eof = grpc.aio.EOF
         write = ctx.write
         while True:
-            req = await ctx.read()
+            handle = st.handle
+            if handle is not None and handle.eviction is not None and not st.response_done:
+                req = await _read_unless_evicted(ctx, handle.eviction)
+                if req is _EVICTED:
+                    log.info("request_evicted request_id=%s", st.request_id)
+                    st.status = 429
+                    await write(codec.evicted_response(st.request_id))
+                    return
+            else:
+                req = await ctx.read()
             if req is eof:
                 return
             kind = req.WhichOneof("request")
@@ -398,6 +408,21 @@ class ExtProcServicer:
             usage=reader.usage if reader is not None else None,
             response_bytes=st.response_bytes,
         )
+
+
+_EVICTED = object()
+
+
+async def _read_unless_evicted(ctx: grpc.aio.ServicerContext, eviction: asyncio.Future[None]) -> Any:
+    """The next message from Envoy, or `_EVICTED` once flow control evicts the request first."""
+    if eviction.done():
+        return _EVICTED
+    read = asyncio.ensure_future(ctx.read())
+    await asyncio.wait((read, eviction), return_when=asyncio.FIRST_COMPLETED)
+    if read.done():
+        return read.result()
+    read.cancel()
+    return _EVICTED
 
 
 def _upstream_mutation(

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from llm_epp.framework.flowpolicy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from llm_epp.framework.flowpolicy import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    FairnessPolicy,
+    OrderingPolicy,
+    UsageLimitPolicy,
+)
 
 BAND_MAX_BYTES = 1_000_000_000
 """A band's byte limit when none is configured (both upstreams)."""
@@ -31,6 +37,14 @@ class BandConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EvictionPolicies:
+    """`enableEviction`: which dispatched requests may be evicted, and in which order."""
+
+    ordering: EvictionOrderingPolicy
+    filter: EvictionFilterPolicy
+
+
+@dataclass(frozen=True, slots=True)
 class FlowControlConfig:
     """Global limits (0 = unlimited), TTLs in seconds (None = wait until the client goes away), the
     configured bands by priority and the templates for priorities not configured."""
@@ -43,6 +57,8 @@ class FlowControlConfig:
     max_requests: int = 0
     request_ttl: float | None = None
     no_endpoint_request_ttl: float | None = None
+    eviction: EvictionPolicies | None = None
+    """Set when `enableEviction` is on."""
 
     def band_for(self, priority: int) -> BandConfig:
         configured = self.bands.get(priority)

@@ -9,6 +9,9 @@ lower band never overtakes a blocked higher one); otherwise the band's fairness 
 flow's ordering policy its head, which is released. One request is released per cycle. The next cycle
 runs once the released request has been scheduled and its load counted (`Ticket.settle`), when a request
 ends (`notify`), on enqueue, and every `poll_interval` seconds while requests wait (metrics change).
+
+With eviction on (`config.eviction`), a cycle stopped by a blocked band also asks the reclamation whether to
+evict dispatched lower-priority requests for it (`eviction.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llm_epp.flowcontrol.config import FlowControlConfig
+from llm_epp.flowcontrol.eviction import (
+    Reclamation,
+    ReclamationConfig,
+    ReclamationObserver,
+    RequestEvictor,
+    confirmation_grace,
+)
 from llm_epp.flowcontrol.queues import DISPATCHED, FINISHED, QUEUED, Band, Item
 from llm_epp.framework.errors import EppError, ErrorCode
 from llm_epp.framework.flowcontrol import SaturationDetector
@@ -30,6 +40,9 @@ from llm_epp.framework.types import Endpoint, InferenceRequest
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.05
+METRICS_LAG_S = 0.05 + 2.0
+"""Default refresh interval + staleness threshold of scraped metrics (`--refresh-metrics-interval`,
+`--metrics-staleness-threshold`)."""
 
 
 class QueueOutcome(enum.Enum):
@@ -96,6 +109,8 @@ class FlowController:
         observer: FlowControlObserver | None = None,
         *,
         poll_interval: float = POLL_INTERVAL_S,
+        metrics_lag: float = METRICS_LAG_S,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self.saturation = saturation
@@ -114,6 +129,27 @@ class FlowController:
         self._poll: asyncio.TimerHandle | None = None
         self.last_saturation = 0.0
         self._regime: bool | None = None  # whether the pool had endpoints when last looked at
+        self._clock = clock
+        self.evictor: RequestEvictor | None = None
+        self.reclamation: Reclamation | None = None
+        if config.eviction is not None:
+            self.evictor = RequestEvictor(config.eviction.ordering, config.eviction.filter)
+            grace = confirmation_grace(saturation.typed_name.type, metrics_lag)
+            self.reclamation = Reclamation(
+                self.evictor,
+                ReclamationConfig(grace=grace),
+                self.now,
+                observer if isinstance(observer, ReclamationObserver) else None,
+            )
+
+    def now(self) -> float:
+        """Event-loop seconds (the clock of dispatch and eviction times)."""
+        if self._clock is not None:
+            return self._clock()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.time()
 
     # --- request side -----------------------------------------------------------------------------------
     async def enqueue_and_wait(self, request: InferenceRequest, received_at: float | None = None) -> Ticket:
@@ -299,8 +335,10 @@ class FlowController:
         active = self._priorities
         ceilings = [1.0] * len(active)
         self.config.usage_limit.compute_limit(saturation, active, ceilings)
-        for priority, ceiling in zip(active, ceilings, strict=True):
+        for i, (priority, ceiling) in enumerate(zip(active, ceilings, strict=True)):
             if saturation >= ceiling:
+                if self.reclamation is not None:
+                    self._maybe_reclaim(saturation, active, ceilings, i)
                 return  # head-of-line blocking keeps strict priority
             band = self.bands[priority]
             if not band.length:
@@ -316,4 +354,27 @@ class FlowController:
             item.state = DISPATCHED
             self.unsettled += 1
             item.future.set_result(None)
+            return
+
+    def _maybe_reclaim(self, saturation: float, priorities: list[int], ceilings: list[float], first: int) -> None:
+        """The cycle stopped at band `first`: evict for the highest blocked band that has queued requests of a
+        priority strictly above the next victim's (never for a band of the victim's own priority)."""
+        reclamation = self.reclamation
+        assert reclamation is not None and self.evictor is not None
+        now = self.now()
+        if not reclamation.gate_open(now):
+            return
+        victim = self.evictor.peek_victim_priority()
+        if victim is None:
+            return
+        for j in range(first, len(priorities)):
+            priority = priorities[j]
+            if priority <= victim:
+                return
+            ceiling = ceilings[j]
+            if ceiling <= 0 or saturation < ceiling:
+                continue  # a zero ceiling never dispatches; an open band dispatches on a later cycle
+            if not self.bands[priority].length:
+                continue
+            reclamation.reclaim(saturation, ceiling, priority, now)
             return

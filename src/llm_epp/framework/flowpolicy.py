@@ -1,6 +1,7 @@
 """Extension points of flow control (the `flowControl` feature gate): how a priority band chooses the flow
 to serve next (FairnessPolicy), the order of requests inside one flow (OrderingPolicy) and the saturation
-ceiling of each band (UsageLimitPolicy).
+ceiling of each band (UsageLimitPolicy); with `enableEviction`, which dispatched requests may be evicted
+(EvictionFilterPolicy) and in which order (EvictionOrderingPolicy).
 
 Policies are ordinary plugins: registered by type, built from `plugins:` entries and referenced by name
 from the `flowControl` section. One instance may serve many bands, so a fairness policy keeps per-band
@@ -110,4 +111,38 @@ class UsageLimitPolicy(Protocol):
         """Writes the saturation ceiling of `priorities[i]` (highest priority first) into `ceilings[i]`,
         which arrive filled with 1.0. A band is dispatched from only while saturation < its ceiling, and
         the cycle stops at the first band that is not: ceilings must not increase down the list."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionItem:
+    """A request dispatched to a model server that flow control may evict to free capacity for queued
+    higher-priority work. `dispatched_at` is event-loop seconds (`loop.time()`)."""
+
+    request_id: str
+    priority: int
+    dispatched_at: float
+    target: str
+    """The endpoint serving it, `ip:port`."""
+    request: InferenceRequest
+
+
+@runtime_checkable
+class EvictionOrderingPolicy(Protocol):
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def evict_before(self, a: EvictionItem, b: EvictionItem) -> bool:
+        """True when `a` is to be evicted before `b` (a method name of its own, so that an ordering policy of
+        queued requests is never taken for an eviction order, or the other way round)."""
+        ...
+
+
+@runtime_checkable
+class EvictionFilterPolicy(Protocol):
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def accept(self, item: EvictionItem) -> bool:
+        """True when the dispatched request may be evicted at all."""
         ...

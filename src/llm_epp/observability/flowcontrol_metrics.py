@@ -7,7 +7,7 @@ Label values that come from clients (fairness id, model names) are bounded: the 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
@@ -35,6 +35,7 @@ QUEUE_DURATION_BUCKETS = (
     30.0,
     60.0,
 )
+CONFIRMATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SHORT_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _MODEL = ("model_name", "target_model_name")
 
@@ -57,7 +58,8 @@ class BoundedLabel:
 
 class FlowControlMetrics:
     """The controller's observer: records queue durations, enqueue durations, queue sizes and bytes,
-    dispatch-cycle durations and the pool saturation."""
+    dispatch-cycle durations and the pool saturation; with eviction on, llm-d-router's revocation
+    families (`llm_d_epp_flow_control_revocation*`, `..._reclaim_target`, `..._pending_reclaim`)."""
 
     def __init__(self, registry: CollectorRegistry, pool: str = "", max_label_values: int = MAX_LABEL_VALUES) -> None:
         self.pool = pool
@@ -126,6 +128,37 @@ class FlowControlMetrics:
             ("inference_pool", "stage"),
             registry=registry,
         )
+        self._revocations_issued = Counter(
+            f"{ROUTER_PREFIX}flow_control_revocations_issued",
+            "In-flight evictions issued, by the priority of the band they free capacity for.",
+            ("priority", "inference_pool"),
+            registry=registry,
+        )
+        self._revocations = Counter(
+            f"{ROUTER_PREFIX}flow_control_revocations",
+            "In-flight evictions by how they ended (confirmed: the request ended; timed_out).",
+            ("outcome", "inference_pool"),
+            registry=registry,
+        )
+        self._reclaim_target = Gauge(
+            f"{ROUTER_PREFIX}flow_control_reclaim_target",
+            "The last eviction deficit (saturation minus the blocked band's ceiling).",
+            ("inference_pool",),
+            registry=registry,
+        )
+        self._pending_reclaim = Gauge(
+            f"{ROUTER_PREFIX}flow_control_pending_reclaim",
+            "Saturation expected back from evictions not yet visible in the signal.",
+            ("inference_pool",),
+            registry=registry,
+        )
+        self._confirmation = Histogram(
+            f"{ROUTER_PREFIX}flow_control_revocation_confirmation_seconds",
+            "Time from an eviction to the end of the evicted request.",
+            ("inference_pool",),
+            buckets=CONFIRMATION_BUCKETS,
+            registry=registry,
+        )
 
     def _flow(self, request: InferenceRequest) -> tuple[str, str]:
         return self._fairness(request.fairness_id), str(request.priority)
@@ -160,3 +193,17 @@ class FlowControlMetrics:
     def pool_saturation(self, saturation: float) -> None:
         self._saturation_gie.labels(self.pool).set(saturation)
         self._saturation_router.labels(self.pool, "effective").set(saturation)
+
+    def revocations_issued(self, priority: int, n: int) -> None:
+        self._revocations_issued.labels(str(priority), self.pool).inc(n)
+
+    def revocation_ended(self, outcome: str, duration: float | None) -> None:
+        self._revocations.labels(outcome, self.pool).inc()
+        if duration is not None:
+            self._confirmation.labels(self.pool).observe(duration)
+
+    def reclaim_target(self, value: float) -> None:
+        self._reclaim_target.labels(self.pool).set(value)
+
+    def pending_reclaim(self, value: float) -> None:
+        self._pending_reclaim.labels(self.pool).set(value)

@@ -19,6 +19,8 @@ _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 # Values of the response header `x-llm-d-request-dropped-reason` (llm-d-router's vocabulary).
 DROPPED_SATURATED = "rejected-saturated"
 DROPPED_NO_ENDPOINTS = "rejected-no-endpoints"
+DROPPED_EVICTED = "evicted"
+"""A dispatched request flow control ended early to free capacity for higher-priority queued work."""
 
 
 class RequestDropped(EppError):

@@ -36,6 +36,7 @@ from llm_epp.framework import (
     TypedName,
 )
 from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowpolicy import EvictionItem
 from llm_epp.framework.parsing import Parser, ResponseReader
 from llm_epp.framework.requestcontrol import (
     REQUEST_HEADERS_KEY,
@@ -334,6 +335,10 @@ class Director:
             load.requests += 1
             load.tokens += handle.reserved_tokens
             handle.scheduled = True
+            fc = self.flow_control
+            if fc is not None and fc.evictor is not None:
+                item = EvictionItem(request.request_id, request.priority, fc.now(), endpoint.hostport, request)
+                handle.eviction = fc.evictor.track(handle, item)
             for plugin in self.plugins.pre_request:
                 try:
                     plugin.pre_request(cycle, request, result)
@@ -492,8 +497,11 @@ class Director:
             load = endpoint.load
             load.requests = max(load.requests - 1, 0)
             load.tokens = max(load.tokens - handle.reserved_tokens, 0)
-        if self.flow_control is not None:
-            self.flow_control.notify()  # capacity may have freed for a queued request
+        fc = self.flow_control
+        if fc is not None:
+            if fc.evictor is not None:
+                fc.evictor.untrack(handle)  # confirms an eviction, if this request was evicted
+            fc.notify()  # capacity may have freed for a queued request
         status = outcome.status or handle.status
         info = ResponseInfo(
             status=status,

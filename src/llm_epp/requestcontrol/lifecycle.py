@@ -3,6 +3,7 @@ state, and no request bytes (so a request held for a long time, e.g. under a lea
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest
@@ -28,6 +29,9 @@ class RequestHandle:
     served_endpoint: str = ""
     streaming: bool = False
     first_body_at: float | None = None  # when the first response body bytes arrived (director's clock)
+    eviction: asyncio.Future[None] | None = None
+    """Resolved when flow control evicts the dispatched request: the adapter ends it at once (ext_proc: 429
+    "request evicted by flow control"). None when the request cannot be evicted."""
 
 
 # The name the lease table knows the handle by.

@@ -23,6 +23,7 @@ from llm_epp.composition import build_request_path
 from llm_epp.config import LoadedConfig
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.objectives import ObjectivesConfig, ObjectivesStore
+from llm_epp.flowcontrol.controller import FlowControlObserver
 from llm_epp.framework import EndpointKey, EndpointMetadata, Metrics, NullRecorder, Recorder, Registry, seeded_random
 from llm_epp.framework.requestcontrol import Usage
 from llm_epp.requestcontrol.director import Director
@@ -193,7 +194,8 @@ class EppRouter(Router):
 
     ``objectives`` (priorities and model rewrites, as in an objectives file), ``recorder``, ``registry`` and
     ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are; ``pod_labels`` are the
-    endpoints' labels (a prefill/decode pool's role labels)."""
+    endpoints' labels (a prefill/decode pool's role labels); ``flow_observer`` sees what flow control does (the
+    metrics' view: queue times and outcomes)."""
 
     name = "llm-epp"
 
@@ -210,6 +212,7 @@ class EppRouter(Router):
         registry: Registry | None = None,
         disable_subset_filter: bool = False,
         pod_labels: Sequence[Mapping[str, str]] | None = None,
+        flow_observer: FlowControlObserver | None = None,
     ) -> None:
         if pod_labels is not None and len(pod_labels) != num_pods:
             raise ValueError(f"pod_labels names {len(pod_labels)} pods, the router has {num_pods}")
@@ -226,6 +229,7 @@ class EppRouter(Router):
             clock=self.now,
             random_source=source,
             registry=registry,
+            flow_observer=flow_observer,
         )
         self.datastore: Datastore = path.datastore
         self.config: LoadedConfig = path.config

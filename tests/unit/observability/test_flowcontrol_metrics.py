@@ -8,7 +8,11 @@ import dataclasses
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llm_epp.flowcontrol import FlowController, QueueOutcome
+from llm_epp.flowcontrol.config import EvictionPolicies
+from llm_epp.framework.flowpolicy import EvictionItem
 from llm_epp.observability.flowcontrol_metrics import OTHER, QUEUE_DURATION_BUCKETS, FlowControlMetrics
+from llm_epp.plugins.flowcontrol.priority_then_time_eviction_order_policy import PriorityThenTimeEvictionOrderPolicy
+from llm_epp.plugins.flowcontrol.sheddable_eviction_filter import SheddableEvictionFilter
 from tests.unit.builders import request
 from tests.unit.flowcontrol.support import Saturation, config, controller, req, settle_loop
 
@@ -101,3 +105,26 @@ def test_client_chosen_label_values_are_bounded() -> None:
         )
         == 47
     )
+
+
+async def test_an_eviction_is_recorded_in_the_revocation_families() -> None:
+    reg = CollectorRegistry()
+    sat = Saturation(1.0)
+    cfg = dataclasses.replace(
+        config(), eviction=EvictionPolicies(PriorityThenTimeEvictionOrderPolicy(), SheddableEvictionFilter())
+    )
+    fc = FlowController(cfg, sat, list, FlowControlMetrics(reg, "pool-a"), poll_interval=0.01)
+    assert fc.evictor is not None
+    signal = fc.evictor.track("h", EvictionItem("b", -1, fc.now(), "10.0.0.1:8000", req("b", priority=-1)))
+    task = asyncio.create_task(fc.enqueue_and_wait(req("u", priority=10)))
+    assert signal is not None
+    await asyncio.wait_for(signal, 1)
+    pool = {"inference_pool": "pool-a"}
+    assert _value(reg, "llm_d_epp_flow_control_revocations_issued_total", priority="10", **pool) == 1
+    assert _value(reg, "llm_d_epp_flow_control_pending_reclaim", **pool) == 1.0  # saturation 1.0 / 1 request
+    assert _value(reg, "llm_d_epp_flow_control_reclaim_target", **pool) == 0.0
+    fc.evictor.untrack("h")
+    assert _value(reg, "llm_d_epp_flow_control_revocations_total", outcome="confirmed", **pool) == 1
+    assert _value(reg, "llm_d_epp_flow_control_revocation_confirmation_seconds_count", **pool) == 1
+    task.cancel()
+    await settle_loop()

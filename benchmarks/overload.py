@@ -1,0 +1,362 @@
+"""Sustained overload in virtual time: what each router does when more work arrives than the pods can serve.
+
+The simulated cluster (``llm_epp.sim``) runs ``llm-epp serve``'s request path (endpoint store, configuration,
+director, flow control, plugins) against simulated vLLM pods on a virtual clock, metrics scraped every 50 ms.
+Two tenants share the pool for ``--seconds`` of virtual time at a constant offered load of ``--factors`` x the
+pool's capacity (Poisson arrivals, then drained):
+
+* ``flood``: priority 0 (no objective), fairness id ``flood``, ``FLOOD_SHARE`` of the load;
+* ``interactive``: priority 10 (objective ``interactive``), fairness id ``interactive``, the rest.
+
+Both send the anchor workload (shared_prefix, 150 groups x 5 prompts, 6000 + 1200 -> 1000 tokens; each tenant
+its own prompts) to 8 pods of profile ``qwen3-32b-h100-tp2``. Capacity is ``CAPACITY`` req/s: what the
+reference algorithm completes per second at a steady 12 QPS on these pods (``results/quality.md``).
+
+Routers:
+
+* ``round-robin``: no EPP (the "Kubernetes Service" baseline);
+* ``reference default``: the reference EPP's default algorithm (queue 2 / kv-cache 2 / prefix 3), no flow
+  control: every request goes to a pod at once;
+* ``reference + flow control``: the same with the ``flowControl`` gate and llm-d-router's defaults
+  (``utilization-detector``: queue depth 5, KV 0.8; TTL 60 s; strict priority, global-strict fairness);
+* ``llm-epp kv-headroom``: the same flow control with ``kv-cache-headroom-detector`` as the saturation
+  detector and as a filter in the profile (dispatch only where the predicted KV peak fits).
+
+Figures from the requests arriving after ``--skip`` seconds: completions per second in the measured window
+(and output tokens/s), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per finished request,
+time queued at the EPP (flow control's own account), and 429/503 counts.
+
+    python -m benchmarks.overload                       # 1.5x and 3x, 180 s each, all routers (~30 min)
+    python -m benchmarks.overload --smoke               # seconds: tiny profile and workload (tests)
+    [--factors 1.5,3] [--seconds 180] [--skip 60] [--seed 1] [--routers a,b] [--output FILE] [--append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.report import command_line, machine
+from llm_epp.datalayer.objectives import parse_objectives_file
+from llm_epp.flowcontrol import QueueOutcome
+from llm_epp.framework.types import InferenceRequest
+from llm_epp.sim.cluster import Cluster, RequestResult, TraceRequest, percentile
+from llm_epp.sim.profiles import get_profile
+from llm_epp.sim.routers import EppRouter, RoundRobinRouter, Router
+from llm_epp.sim.workload import SharedPrefixWorkload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CAPACITY = 9.3
+"""Requests per second the reference algorithm completes on 8 anchor pods at a steady 12 QPS."""
+FLOOD_SHARE = 0.8
+OBJECTIVES = "objectives:\n- {name: interactive, priority: 10}\n"
+FAIRNESS = "x-gateway-inference-fairness-id"
+OBJECTIVE = "x-gateway-inference-objective"
+TENANTS = ("interactive", "flood")
+
+_PROFILE = """\
+schedulingProfiles:
+- name: default
+  plugins:
+%s  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+"""
+_PLUGINS = "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\n"
+FLOW_CONTROL = (
+    "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n"
+    + _PLUGINS
+    + _PROFILE % ""
+)
+KV_HEADROOM = (
+    "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n"
+    + _PLUGINS
+    + "- type: kv-cache-headroom-detector\n"
+    + "flowControl:\n  saturationDetector: {pluginRef: kv-cache-headroom-detector}\n"
+    + _PROFILE % "  - {pluginRef: kv-cache-headroom-detector}\n"
+)
+KV_HOME = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {keepPrefixHome: true}\n",
+)
+ROUTERS: dict[str, str | None] = {
+    "round-robin": "",
+    "reference default": None,
+    "reference + flow control": FLOW_CONTROL,
+    "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom + prefix home": KV_HOME,
+}
+"""Label -> EndpointPickerConfig (None: the default; "": no EPP)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    pods: int
+    profile: str
+    num_groups: int
+    prompts_per_group: int
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+    capacity: float
+
+    def workload(self, seed: int) -> SharedPrefixWorkload:
+        return SharedPrefixWorkload(
+            num_groups=self.num_groups,
+            prompts_per_group=self.prompts_per_group,
+            system_prompt_len=self.system_prompt_len,
+            question_len=self.question_len,
+            output_len=self.output_len,
+            seed=seed,
+        )
+
+
+ANCHOR = Scenario(8, "qwen3-32b-h100-tp2", 150, 5, 6000, 1200, 1000, CAPACITY)
+SMOKE = Scenario(2, "tiny", 4, 4, 160, 40, 256, 30.0)
+
+
+class QueueTimes:
+    """Flow control's observer: how long each request waited at the EPP and how it left, by tenant."""
+
+    def __init__(self) -> None:
+        self.waited: dict[str, list[float]] = {t: [] for t in TENANTS}
+        self.outcomes: dict[tuple[str, str], int] = {}
+
+    def enqueued(self, request: InferenceRequest, outcome: QueueOutcome | None, duration: float) -> None:
+        pass
+
+    def queue_changed(self, request: InferenceRequest, count: int, size_bytes: int) -> None:
+        pass
+
+    def finished(self, request: InferenceRequest, outcome: QueueOutcome, waited: float) -> None:
+        tenant = request.fairness_id if request.fairness_id in self.waited else "flood"
+        if outcome is QueueOutcome.DISPATCHED:
+            self.waited[tenant].append(waited)
+        key = (tenant, outcome.value)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def dispatch_cycle(self, duration: float) -> None:
+        pass
+
+    def pool_saturation(self, saturation: float) -> None:
+        pass
+
+
+@dataclass
+class TenantRow:
+    router: str
+    factor: float
+    tenant: str
+    offered: float
+    measured: int
+    completion_rate: float
+    output_tokens_per_s: float
+    ttft: tuple[float, float, float]
+    itl: tuple[float, float, float]
+    preemptions_per_request: float
+    queued: tuple[float, float]
+    """Time waited at the EPP, p50 and p99 (0 without flow control)."""
+    rejected_429: int
+    expired_503: int
+    other_failed: int
+
+
+@dataclass
+class RunResult:
+    router: str
+    factor: float
+    rows: list[TenantRow] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+def _router(label: str, pods: int, seed: int, queue: QueueTimes) -> Router:
+    config = ROUTERS[label]
+    if config == "":
+        return RoundRobinRouter(pods)
+    objectives = parse_objectives_file(OBJECTIVES, "objectives.yaml")
+    return EppRouter(pods, config, seed=seed, objectives=objectives, flow_observer=queue)
+
+
+def trace(sc: Scenario, factor: float, seconds: float, seed: int) -> tuple[list[TraceRequest], list[str]]:
+    """The two tenants' merged Poisson arrivals and each request's tenant (in trace order)."""
+    rng = random.Random(seed)
+    rate = factor * sc.capacity
+    arrivals: list[tuple[float, str]] = []
+    for tenant, share in (("flood", FLOOD_SHARE), ("interactive", 1.0 - FLOOD_SHARE)):
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate * share)
+            if t > seconds:
+                break
+            arrivals.append((t, tenant))
+    arrivals.sort()
+    workloads = {"flood": sc.workload(seed), "interactive": sc.workload(seed + 1000)}
+    out: list[TraceRequest] = []
+    for t, tenant in arrivals:
+        headers = {FAIRNESS: tenant}
+        if tenant == "interactive":
+            headers[OBJECTIVE] = "interactive"
+        out.append(TraceRequest(t, workloads[tenant].next_prompt(), headers))
+    return out, [tenant for _, tenant in arrivals]
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    return percentile(values, q) if values else math.nan
+
+
+def run(label: str, sc: Scenario, factor: float, seconds: float, skip: float, seed: int) -> RunResult:
+    started = time.perf_counter()
+    requests, tenants = trace(sc, factor, seconds, seed)
+    queue = QueueTimes()
+    cluster = Cluster(get_profile(sc.profile), sc.pods)
+    results = cluster.run_trace(requests, _router(label, sc.pods, seed, queue))
+    by_id: dict[str, RequestResult] = {r.id: r for r in results}
+    out = RunResult(label, factor)
+    t0 = min(r.arrival for r in results)
+    lo, hi = t0 + skip, t0 + seconds
+    window = hi - lo
+    for tenant in TENANTS:
+        mine = [by_id[f"req-{k + 1}"] for k, name in enumerate(tenants) if name == tenant]
+        arrived = [r for r in mine if lo <= r.arrival <= hi]
+        served = [r for r in arrived if not r.failed]
+        done = [r for r in mine if not r.failed and lo <= r.finish <= hi]
+        waited = queue.waited[tenant]
+        share = FLOOD_SHARE if tenant == "flood" else 1.0 - FLOOD_SHARE
+        out.rows.append(
+            TenantRow(
+                router=label,
+                factor=factor,
+                tenant=tenant,
+                offered=factor * sc.capacity * share,
+                measured=len(arrived),
+                completion_rate=len(done) / window,
+                output_tokens_per_s=sum(r.completion_tokens for r in done) / window,
+                ttft=tuple(_p([r.ttft for r in served], q) for q in (50, 90, 99)),  # type: ignore[arg-type]
+                itl=tuple(_p([r.itl_mean for r in served if r.completion_tokens > 1], q) for q in (50, 90, 99)),  # type: ignore[arg-type]
+                preemptions_per_request=sum(r.preemptions for r in served) / max(len(served), 1),
+                queued=(_p(waited, 50), _p(waited, 99)) if waited else (0.0, 0.0),
+                rejected_429=sum(1 for r in arrived if r.status == 429),
+                expired_503=sum(1 for r in arrived if r.status == 503),
+                other_failed=sum(1 for r in arrived if r.failed and r.status not in (429, 503)),
+            )
+        )
+    out.wall_seconds = time.perf_counter() - started
+    total = sum(r.completion_rate for r in out.rows)
+    print(
+        f"  {label} at {factor:g}x: {total:.2f} completions/s, interactive TTFT p90 {out.rows[0].ttft[1]:.2f} s, "
+        f"flood TTFT p90 {out.rows[1].ttft[1]:.2f} s ({out.wall_seconds:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return out
+
+
+def _f(v: float, digits: int = 2) -> str:
+    if math.isnan(v):
+        return "n/a"
+    return f"{v:,.{digits}f}"
+
+
+def table(runs: Sequence[RunResult]) -> list[str]:
+    lines = [
+        "| load | router | tenant | offered/s | measured | done/s | out tok/s | TTFT p50/p90/p99 s | "
+        "ITL p50/p90/p99 ms | preempt/req | queued at EPP p50/p99 s | 429 | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run_ in runs:
+        for r in run_.rows:
+            ttft = "/".join(_f(v) for v in r.ttft)
+            itl = "/".join(_f(v * 1000, 1) for v in r.itl)
+            lines.append(
+                f"| {r.factor:g}x | {r.router} | {r.tenant} | {_f(r.offered)} | {r.measured} | "
+                f"{_f(r.completion_rate)} | {_f(r.output_tokens_per_s, 0)} | {ttft} | {itl} | "
+                f"{_f(r.preemptions_per_request)} | {_f(r.queued[0])}/{_f(r.queued[1])} | {r.rejected_429} | "
+                f"{r.expired_503} |"
+            )
+    return lines
+
+
+def totals(runs: Sequence[RunResult]) -> list[str]:
+    lines = [
+        "| load | router | done/s (both tenants) | vs reference default | preempt/req | ITL p50 ms (flood) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    base = {r.factor: sum(t.completion_rate for t in r.rows) for r in runs if r.router == "reference default"}
+    for run_ in runs:
+        done = sum(t.completion_rate for t in run_.rows)
+        served = sum(t.measured for t in run_.rows)
+        pre = sum(t.preemptions_per_request * t.measured for t in run_.rows) / max(served, 1)
+        ref = base.get(run_.factor)
+        vs = f"{(done / ref - 1) * 100:+.1f}%" if ref else "n/a"
+        itl = _f(run_.rows[1].itl[0] * 1000, 1)
+        lines.append(f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {_f(pre)} | {itl} |")
+    return lines
+
+
+def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) -> str:
+    lines = [
+        "# Sustained overload: two tenants, four routers (virtual time)",
+        "",
+        f"`{command_line('benchmarks.overload', args.argv)}`; seed {args.seed}; {machine()}",
+        "",
+        f"{sc.pods} pods, profile `{sc.profile}`; workload shared_prefix {sc.num_groups} groups x "
+        f"{sc.prompts_per_group}, system {sc.system_prompt_len} + question {sc.question_len} -> {sc.output_len} "
+        f"tokens. Capacity {sc.capacity:g} req/s; offered {', '.join(f'{f:g}x' for f in args.factors)} of it for "
+        f"{args.seconds:g} s of virtual time ({FLOOD_SHARE:.0%} `flood` at priority 0, the rest `interactive` at "
+        f"priority 10), Poisson, then drained. Measured: requests arriving after {args.skip:g} s; `done/s` = "
+        "completions inside the measured window. ITL is each request's mean inter-token latency. `queued at EPP` "
+        "is flow control's queue time of dispatched requests (0 without flow control).",
+        "",
+        *totals(runs),
+        "",
+        *table(runs),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
+    ap.add_argument("--seconds", type=float, default=180.0, help="virtual seconds of arrivals")
+    ap.add_argument("--skip", type=float, default=60.0, help="arrivals before this are not measured")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--smoke", action="store_true", help="tiny profile and workload, seconds of wall time")
+    ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
+    ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
+    args = ap.parse_args(argv)
+    args.argv = argv
+    args.factors = [float(f) for f in args.factors.split(",")]
+    labels = [r.strip() for r in args.routers.split(",") if r.strip()]
+    unknown = [r for r in labels if r not in ROUTERS]
+    if unknown:
+        ap.error(f"unknown routers {unknown}; known: {', '.join(ROUTERS)}")
+    sc = SMOKE if args.smoke else ANCHOR
+    if args.smoke:
+        args.seconds, args.skip = min(args.seconds, 5.0), min(args.skip, 1.5)
+    print(f"overload: {sc} factors {args.factors} seconds {args.seconds} seed {args.seed}", file=sys.stderr)
+    runs: list[RunResult] = []
+    try:
+        for factor in args.factors:
+            for label in labels:
+                runs.append(run(label, sc, factor, args.seconds, args.skip, args.seed))
+    except KeyboardInterrupt:
+        print("interrupted: writing what has finished", file=sys.stderr)
+    text = report(runs, sc, args)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    if args.append and args.output.exists():
+        text = args.output.read_text().rstrip("\n") + "\n\n" + text
+    args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""`make bench-smoke` for the overload benchmark: a tiny run writes a row per load, router and tenant, and the
+summary table. Shape only, never the numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.overload import ROUTERS, TENANTS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) -> None:
+    out_file = tmp_path / "overload.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overload", "--smoke", "--seed", "3", "--output", str(out_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out_file.read_text()
+    assert "seed 3" in text
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith(("| 1.5x", "| 3x"))
+    ]
+    detail = [r for r in rows if len(r) == 13]
+    summary = [r for r in rows if len(r) == 6]
+    assert [(r[0], r[1], r[2]) for r in detail] == [
+        (load, router, tenant) for load in ("1.5x", "3x") for router in ROUTERS for tenant in TENANTS
+    ]
+    assert [(r[0], r[1]) for r in summary] == [(load, router) for load in ("1.5x", "3x") for router in ROUTERS]
+    for r in detail:
+        assert int(r[4]) > 0, "requests were measured"
+        assert float(r[5].replace(",", "")) >= 0
+        assert int(r[11]) >= 0 and int(r[12]) >= 0

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llm_epp.framework import CycleState, Endpoint, ProfileResult, SchedulingResult
+from llm_epp.framework.requestcontrol import ResponseInfo, Usage
+from llm_epp.framework.types import Metrics
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, PrefixMatch
+from llm_epp.plugins.scheduling.kv_cache_headroom_detector import KvCacheHeadroomDetector, Params, factory
+from tests.unit.builders import FakeHandle, endpoint, request
+
+BLOCKS, BLOCK = 1000, 16  # 16,000 tokens per endpoint
+
+
+def _ep(name: str, kv: float = 0.0, updated: float = 1.0, address: str = "10.0.0.1") -> Endpoint:
+    ep = endpoint(name, kv=kv, updated=updated, address=address)
+    metrics = Metrics(kv_cache_usage=kv, cache_num_blocks=BLOCKS, cache_block_size=BLOCK, update_time=updated)
+    return dataclasses.replace(ep, metrics=metrics)
+
+
+def _detector(handle: FakeHandle | None = None, headroom: float = 0.0) -> KvCacheHeadroomDetector:
+    return factory("kv", Params(headroom=headroom, defaultOutputTokens=100), handle or FakeHandle())
+
+
+def _send(det: KvCacheHeadroomDetector, ep: Endpoint, prompt_bytes: int, max_tokens: int) -> CycleState:
+    """Schedules a request of `prompt_bytes` body bytes (4 per token to start with) onto `ep`."""
+    req = dataclasses.replace(
+        request(request_id=f"r{prompt_bytes}", payload={"model": "m", "max_tokens": max_tokens}),
+        size_bytes=prompt_bytes,
+    )
+    cycle = CycleState()
+    det.pre_request(cycle, req, SchedulingResult({"default": ProfileResult((ep,))}, "default"))
+    return cycle
+
+
+def test_capacity_comes_from_the_scrape_or_the_parameter() -> None:
+    assert _detector().capacity(_ep("a")) == 16_000
+    assert factory("kv", Params(kvCacheTokens=5000), FakeHandle()).capacity(_ep("a")) == 5000
+
+
+def test_an_idle_endpoint_has_room_and_a_full_one_does_not() -> None:
+    det = _detector()
+    assert det.saturation([_ep("a", kv=0.0)]) == pytest.approx(100 / 16_000)  # the typical output only
+    assert det.saturation([_ep("a", kv=1.0)]) > 1.0
+    assert det.saturation([]) == 1.0
+    never = dataclasses.replace(_ep("a"), metrics=Metrics(cache_num_blocks=BLOCKS, cache_block_size=BLOCK))
+    assert det.saturation([never]) == 1.0, "never scraped counts as saturated"
+
+
+def test_promised_prompts_and_growth_count_until_the_scrape_shows_them() -> None:
+    handle = FakeHandle(clock=1.0)
+    det = _detector(handle)
+    ep = _ep("a", kv=0.0, updated=1.0)
+    cycle = _send(det, ep, prompt_bytes=4 * 4000, max_tokens=2000)  # 4,000 prompt tokens, 2,000 output
+    assert det.peak(ep, 0, 0) == pytest.approx(6000), "prompt not yet allocated + its whole output"
+    # the first token came at t=2 and the scrape at t=12 shows the prompt allocated: ten seconds of decoding at
+    # the assumed 100 ms per token = 101 tokens generated, 1,899 to go
+    req = request()
+    handle.clock = 2.0
+    det.response_received(cycle, req, ResponseInfo(status=200), ep)
+    later = _ep("a", kv=4101 / 16_000, updated=12.0)
+    assert det.peak(later, 0, 0) == pytest.approx(4101 + 1899)
+
+
+def test_the_peak_accounts_for_requests_that_end_and_free_their_blocks() -> None:
+    handle = FakeHandle(clock=1.0)
+    det = _detector(handle)
+    ep = _ep("a", kv=0.0, updated=0.5)
+    _send(det, ep, prompt_bytes=4 * 1000, max_tokens=100)  # short: 1,100 tokens, gone after 100 steps
+    _send(det, ep, prompt_bytes=4 * 1000, max_tokens=3000)  # long: grows to 4,000
+    # at step 100 both are live: 2,000 prompt + 100 + 100 = 2,200; at step 3,000 only the long one: 4,000
+    assert det.peak(ep, 0, 0) == pytest.approx(4000)
+    # a new request of 500 prompt + 3,000 output ends with the long one: 4,000 + 3,500 = 7,500
+    assert det.peak(ep, 500, 3000) == pytest.approx(7500)
+
+
+@given(st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 3000)), max_size=12), st.floats(0, 0.5))
+def test_the_peak_is_the_maximum_of_a_step_by_step_replay(requests: list[tuple[int, int]], kv: float) -> None:
+    det = _detector(FakeHandle(clock=1.0))
+    ep = _ep("a", kv=kv, updated=0.5)
+    for prompt, output in requests:
+        _send(det, ep, prompt_bytes=4 * prompt, max_tokens=output)
+    live = [(p, o) for p, o in requests]
+    steps = sorted({0, *(o for _, o in live)})
+    replay = max(kv * 16_000 + sum(p + min(s, o) for p, o in live if o >= s) for s in steps)
+    assert det.peak(ep, 0, 0) == pytest.approx(replay)
+
+
+def test_the_filter_keeps_endpoints_with_room_for_this_request_else_the_emptiest() -> None:
+    det = _detector()
+    roomy, tight, full = _ep("a", kv=0.1), _ep("b", kv=0.85, address="10.0.0.2"), _ep("c", kv=0.95, address="10.0.0.3")
+    big = dataclasses.replace(request(payload={"model": "m", "max_tokens": 2000}), size_bytes=4 * 1000)
+    assert [e.key.name for e in det.filter(CycleState(), big, [roomy, tight, full])] == ["a"]
+    assert [e.key.name for e in det.filter(CycleState(), big, [tight, full])] == ["b"]
+
+
+def test_completions_calibrate_tokens_per_byte_output_and_itl() -> None:
+    handle = FakeHandle(clock=0.0)
+    det = _detector(handle)
+    ep = _ep("a")
+    for _ in range(60):
+        cycle = _send(det, ep, prompt_bytes=3000, max_tokens=400)
+        handle.clock += 1.0
+        det.response_received(cycle, request(), ResponseInfo(status=200), ep)
+        handle.clock += 0.02 * 199
+        usage = Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200)
+        det.response_complete(cycle, request(), ResponseInfo(status=200, usage=usage, complete=True), ep)
+    assert det.in_flight(ep.key) == 0, "nothing leaks"
+    assert det.tokens_per_byte == pytest.approx(1 / 3, rel=0.01)
+    assert det.output_ratio == pytest.approx(0.5, rel=0.01)
+    assert det.itl == pytest.approx(0.02, rel=0.02)
+
+
+def test_an_aborted_request_is_forgotten_without_calibrating() -> None:
+    det = _detector()
+    ep = _ep("a")
+    cycle = _send(det, ep, prompt_bytes=4000, max_tokens=100)
+    det.response_complete(cycle, request(), ResponseInfo(status=0, complete=False), ep)
+    assert det.in_flight(ep.key) == 0 and det.tokens_per_byte == 0.25
+
+
+def _with_prefix(hashes: tuple[int, ...]) -> CycleState:
+    cycle = CycleState()
+    cycle.write(PREFIX_MATCH_KEY, PrefixMatch(hashes, {}, 16))
+    return cycle
+
+
+@pytest.mark.parametrize(("keep_home", "expected"), [(False, ["b"]), (True, ["a"])])
+def test_a_request_whose_prefix_pod_is_full_moves_or_waits_there(keep_home: bool, expected: list[str]) -> None:
+    det = factory("kv", Params(keepPrefixHome=keep_home), FakeHandle())
+    home, other = _ep("a", kv=0.9), _ep("b", kv=0.1, address="10.0.0.2")
+    prefix = tuple(range(100))  # 1,600 tokens held by a request in flight on `a`
+    first = dataclasses.replace(request(payload={"model": "m", "max_tokens": 500}), size_bytes=4 * 2000)
+    det.pre_request(_with_prefix(prefix), first, SchedulingResult({"default": ProfileResult((home,))}, "default"))
+    second = dataclasses.replace(request(payload={"model": "m", "max_tokens": 500}), size_bytes=4 * 2000)
+    # the held prefix makes `a` cheaper for it (400 new prompt tokens instead of 2,000), but `a` is still full
+    assert det._request_size(_with_prefix(prefix), second, home.key)[0] == pytest.approx(400)
+    kept = det.filter(_with_prefix(prefix), second, [home, other])
+    assert [e.key.name for e in kept] == expected
