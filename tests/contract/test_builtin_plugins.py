@@ -352,8 +352,8 @@ def test_known_but_unsupported_reference_types_say_so() -> None:
     from llm_epp.framework.registry import UnknownPluginTypeError, UnsupportedPluginTypeError
     from llm_epp.plugins import UNSUPPORTED
 
-    for plugin_type in set(UNSUPPORTED) & set(TYPES):  # a registered type wins over the table
-        assert REGISTRY.entry(plugin_type).plugin_type == plugin_type
+    landed = sorted(set(UNSUPPORTED) & set(TYPES))
+    assert not landed, f"registered types stay listed as not supported yet in UNSUPPORTED: {landed}"
     waiting = sorted(set(UNSUPPORTED) - set(TYPES))
     assert "multicluster-queue-scorer" in waiting
     for plugin_type in waiting:

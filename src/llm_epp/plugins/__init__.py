@@ -198,58 +198,15 @@ _MODULES = (
     predicted_latency_scorer,
 )
 
-_PD = "prefill/decode disaggregation"
 _PRECISE = "precise prefix-cache routing and tokenization"
-_FLOW = "flow control"
 _MULTI = "multi-cluster routing"
 
 UNSUPPORTED: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "decode-filter",
-            "prefill-filter",
-            "encode-filter",
-            "disagg-profile-handler",
-            "pd-profile-handler",
-            "data-parallel-profile-handler",
-            "prefix-based-pd-decider",
-            "always-disagg-pd-decider",
-            "always-disagg-multimodal-decider",
-            "context-length-aware",
-            "prefill-header-handler",
-            "disagg-headers-handler",
-        ),
-        _PD,
-    ),
     "disaggregatedset-rollout-pod-extractor": "a Pod notification extractor that llm-d-router's rollout screener "
     "registers itself; llm-epp's disaggregatedset-rollout-screener counts the pool's endpoints and needs none",
     **dict.fromkeys(
-        (
-            "precise-prefix-cache-producer",
-            "precise-prefix-cache-scorer",
-            "token-producer",
-            "tokenizer",
-            "burst-prefix-cache-producer",
-            "mm-embeddings-cache-producer",
-            "mm-embeddings-cache-scorer",
-        ),
+        ("burst-prefix-cache-producer", "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"),
         _PRECISE,
-    ),
-    **dict.fromkeys(
-        (
-            "fcfs-ordering-policy",
-            "edf-ordering-policy",
-            "slo-deadline-ordering-policy",
-            "global-strict-fairness-policy",
-            "round-robin-fairness-policy",
-            "program-aware-fairness",
-            "priority-holdback-policy",
-            "soft-reflective-ceiling-policy",
-            "static-usage-limit-policy",
-            "probabilistic-admitter",
-            "utilization-filter",
-        ),
-        _FLOW,
     ),
     **dict.fromkeys(
         (

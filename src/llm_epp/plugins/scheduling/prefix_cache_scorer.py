@@ -21,8 +21,8 @@ Configuration:
     matchLengthWeight (float in [0, 1], default 0): weight of the absolute match length (0: ratio only).
     matchLengthScaleTokens (int, default 8192; > 0 when matchLengthWeight > 0): the match length, in
         tokens, that counts as fully long.
-    prefixMatchInfoProducerName (string, default ""): the producer whose match to read; only
-        `approx-prefix-cache-producer` is supported.
+    prefixMatchInfoProducerName (string, default ""): the producer whose match to read:
+        `approx-prefix-cache-producer` or `precise-prefix-cache-producer`.
 """
 
 from __future__ import annotations
