@@ -22,6 +22,8 @@ from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.plugins.parsers.wire import vertex_prediction_pb2 as vx
 from llm_epp.plugins.parsers.wire import vllm_engine_pb2 as pb
+from tests.compat.test_corpus import CONFIGS
+from tests.compat.test_corpus_serves import GRPC_ONLY
 
 pytestmark = pytest.mark.envoy
 
@@ -368,3 +370,36 @@ def test_repeats_of_a_vertex_chat_follow_its_prefix_to_one_pod(gateway: Gateway,
         for _ in range(4):
             gateway.vertex("ChatCompletions", request)
         assert len({s[0] for s in pods.take()}) == 1, k
+
+
+@pytest.mark.parametrize("name", sorted(GRPC_ONLY))
+def test_an_upstream_grpc_parser_config_serves_generate_through_envoy(name: str, pods: Pods) -> None:
+    config = (CONFIGS / name).read_text()
+    epp = EppProcess("--endpoints", ",".join(pods.addresses), "--secure-serving=false", "--config-text", config)
+    epp.start()
+    try:
+        opts = EnvoyConfigOptions(
+            listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=False, pool_protocol="h2c"
+        )
+        envoy = EnvoyProcess(build_bootstrap(opts)).start()
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{envoy.listen_port}") as channel:
+                gateway = Gateway(epp, envoy, channel)
+                request = pb.GenerateRequest(
+                    request_id="corpus-1",
+                    tokenized=pb.TokenizedInput(input_ids=list(range(900, 917))),
+                    sampling_params=pb.SamplingParams(max_tokens=3),
+                    stream=True,
+                )
+                answers = gateway.generate(request)
+                assert answers[-1].WhichOneof("response") == "complete"
+                (seen,) = pods.take()
+                assert seen[1:] == ("Generate", request.SerializeToString())
+                with pytest.raises(grpc.RpcError) as refused:  # a method no configured parser claims
+                    channel.unary_unary(f"/{SERVICE}/HealthCheck")(b"", timeout=30)
+                assert "no parser is configured" in str(refused.value.details())
+                assert pods.take() == []
+        finally:
+            envoy.stop()
+    finally:
+        epp.stop()
