@@ -21,7 +21,9 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import MetricsRuntime, ReachabilityProbe
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
+from llm_epp.kvcache.service import InMemoryKVIndexService
 from llm_epp.legacy_flags import apply_legacy_metrics_flags
 from llm_epp.observability import (
     HealthState,
@@ -32,6 +34,7 @@ from llm_epp.observability import (
 )
 from llm_epp.observability.flowcontrol_metrics import FlowControlMetrics
 from llm_epp.observability.known_models import ConfiguredAndServedModels
+from llm_epp.observability.kvcache_metrics import register_kv_index_metrics
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
@@ -83,6 +86,8 @@ class Components:
     metrics_runtime: MetricsRuntime | None
     objectives: ObjectivesStore
     tracer: Tracer = NULL_TRACER
+    kv_index: InMemoryKVIndexService | None = None
+    """The precise prefix-cache indexes the configuration opened (their subscribers run while serving)."""
 
 
 def build(opts: Options) -> Components:
@@ -96,6 +101,8 @@ def build(opts: Options) -> Components:
     except TracingSetupError as e:
         raise StartupError(f"--tracing: {e}") from None
     plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
+    kv_index = InMemoryKVIndexService()  # precise prefix-cache plugins open their indexes here
+    install_kv_index_service(kv_index)
     try:
         path = build_request_path(
             recorder=plugin_recorder,
@@ -161,6 +168,8 @@ def build(opts: Options) -> Components:
             recorder=recorder,
             refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
         )
+    if kv_index.indexes():
+        register_kv_index_metrics(recorder.registry, kv_index.stats)
     return Components(
         datastore,
         recorder,
@@ -174,6 +183,7 @@ def build(opts: Options) -> Components:
         runtime,
         objectives,
         tracer,
+        kv_index if kv_index.indexes() else None,
     )
 
 
@@ -447,6 +457,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 background.append(tg.create_task(ReachabilityProbe(c.datastore).run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
+            if c.kv_index is not None:  # KV-event subscribers from the start; stopped when cancelled
+                background.append(tg.create_task(c.kv_index.run(c.datastore.snapshot)))
             leadership = None
             if discovery is not None and discovery.elector is not None:
                 leadership = tg.create_task(discovery.follow_leadership())

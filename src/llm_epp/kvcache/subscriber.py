@@ -13,6 +13,10 @@ and subscribes to `topicFilter` (default `kv@`; vLLM's topic is `kv@<ip:port>@<m
 - the first message from an endpoint with seq > 0 asks for a replay from 0, so a new EPP replica catches
   up with what the engine still buffers.
 
+Decoded batches are applied by `concurrency` worker threads (llm-d's `kvEventsConfig.concurrency`), each
+endpoint always on the same worker, so one endpoint's events apply in order while endpoints proceed in
+parallel; a restart's clear goes through the endpoint's worker too, before the batches after it.
+
 Malformed frames and batches are counted (`DecodeStats`) and skipped; nothing a publisher sends stops the
 thread. Endpoints that leave the pool are unsubscribed and dropped from the index. With `zmqEndpoint` set
 the thread instead binds one SUB socket there and every engine connects to it; the endpoint then comes
@@ -21,7 +25,9 @@ from the topic."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from time import monotonic as _monotonic
@@ -29,7 +35,15 @@ from time import monotonic as _monotonic
 import zmq
 
 from llm_epp.framework.types import Endpoint, join_host_port
-from llm_epp.kvcache.events import END_OF_REPLAY, SEQ, DecodeStats, decode_batch, decode_seq, parse_topic
+from llm_epp.kvcache.events import (
+    END_OF_REPLAY,
+    SEQ,
+    DecodeStats,
+    EventBatch,
+    decode_batch,
+    decode_seq,
+    parse_topic,
+)
 from llm_epp.kvcache.index import KVBlockIndex
 
 log = logging.getLogger(__name__)
@@ -71,6 +85,7 @@ def sources_for(endpoints: Iterable[Endpoint], socket_port: int, replay_port: in
 
 @dataclass(slots=True)
 class SubscriberStats:
+    messages_by_pod: dict[str, int] = field(default_factory=dict)  # endpoints followed now (bounded)
     messages: int = 0
     gaps: int = 0
     replayed: int = 0
@@ -78,6 +93,68 @@ class SubscriberStats:
     restarts: int = 0
     duplicates: int = 0
     decode: DecodeStats = field(default_factory=DecodeStats)
+
+
+DEFAULT_CONCURRENCY = 4  # llm-d's kvEventsConfig.concurrency default
+_MAX_CENTRAL_PODS = 4096
+
+
+class ApplyPool:
+    """`workers` threads applying batches to the index; an endpoint is always served by the same worker
+    (its shard), so its events keep their order."""
+
+    def __init__(self, index: KVBlockIndex, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"concurrency must be at least 1, got {workers}")
+        self.index = index
+        self.workers = workers
+        self._queues: list[queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        self._queues = [queue.SimpleQueue() for _ in range(self.workers)]
+        for i, q in enumerate(self._queues):
+            t = threading.Thread(target=self._work, args=(q,), name=f"kv-events-apply-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = []
+        self._queues = []
+
+    def depth(self) -> int:
+        """Batches waiting to be applied, over all workers."""
+        return sum(q.qsize() for q in self._queues)
+
+    def apply(self, pod: str, model: str, batch: EventBatch) -> None:
+        self._shard(pod).put((pod, model, batch))
+
+    def clear(self, pod: str) -> None:
+        """Drops the endpoint's blocks once the batches queued before this call are applied."""
+        self._shard(pod).put((pod, "", None))
+
+    def _shard(self, pod: str) -> queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]:
+        if not self._queues:
+            self.start()
+        return self._queues[zlib.crc32(pod.encode()) % self.workers]
+
+    def _work(self, q: queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]) -> None:
+        index = self.index
+        while (item := q.get()) is not None:
+            pod, model, batch = item
+            try:
+                if batch is None:
+                    index.clear_pod(pod)
+                else:
+                    index.apply(pod, model, batch)
+            except Exception:  # a worker must never die
+                log.exception("kv_events_apply_failed pod=%s", pod)
 
 
 @dataclass(slots=True)
@@ -99,8 +176,10 @@ class KVEventsRunner:
         bind_endpoint: str = "",
         replay_timeout: float = 2.0,
         refresh_interval: float = 1.0,
+        concurrency: int = 1,
     ) -> None:
         self.index = index
+        self.pool = ApplyPool(index, concurrency)
         self.topic_filter = topic_filter
         self.bind_endpoint = bind_endpoint
         self.replay_timeout = replay_timeout
@@ -132,6 +211,7 @@ class KVEventsRunner:
         if self.running():
             return
         self._stop.clear()
+        self.pool.start()
         self._ctx = zmq.Context()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
@@ -142,6 +222,7 @@ class KVEventsRunner:
         if thread is not None:
             thread.join(timeout)
         self._thread = None
+        self.pool.stop(timeout)
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -228,7 +309,8 @@ class KVEventsRunner:
                 sub.socket.close(0)
                 del self._subs[pod_id]
                 if pod_id not in wanted:
-                    self.index.clear_pod(pod_id)
+                    self.pool.clear(pod_id)
+                    self.stats.messages_by_pod.pop(pod_id, None)
                     log.debug("kv_events_unsubscribed pod=%s", pod_id)
         for pod_id, source in wanted.items():
             if pod_id in self._subs:
@@ -275,12 +357,15 @@ class KVEventsRunner:
         else:
             pod = sub.source.pod_id
             last = sub.last_seq
+        by_pod = stats.messages_by_pod
+        if pod in by_pod or len(by_pod) < _MAX_CENTRAL_PODS:
+            by_pod[pod] = by_pod.get(pod, 0) + 1
         if last is not None and seq <= last:
             if seq == last:
                 stats.duplicates += 1
                 return
             stats.restarts += 1
-            self.index.clear_pod(pod)
+            self.pool.clear(pod)
             log.info("kv_events_publisher_restarted pod=%s seq=%d last=%d", pod, seq, last)
             last = None
         if central is None and sub.source.replay_endpoint and seq > (last + 1 if last is not None else 0):
@@ -290,9 +375,9 @@ class KVEventsRunner:
             stats.gaps += 1
         batch = decode_batch(frames[2], stats.decode)
         if batch is not None:
-            self.index.apply(pod, model, batch)
+            self.pool.apply(pod, model, batch)
         if central is not None:
-            if pod in central or len(central) < 4096:
+            if pod in central or len(central) < _MAX_CENTRAL_PODS:
                 central[pod] = seq
         else:
             sub.last_seq = seq
@@ -326,7 +411,7 @@ class KVEventsRunner:
                 if start <= seq < stop:
                     batch = decode_batch(frames[2], self.stats.decode)
                     if batch is not None:
-                        self.index.apply(pod, model, batch)
+                        self.pool.apply(pod, model, batch)
                         self.stats.replayed += 1
         finally:
             sock.close(0)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, SimRequest
+from llm_epp.sim.kv_events import VirtualKVEvents
 from llm_epp.sim.profiles import Profile
 from llm_epp.sim.routers import (
     DEFAULT_SCRAPE_INTERVAL,
@@ -46,6 +47,7 @@ from llm_epp.sim.routers import (
     Router,
     RoutingError,
     make_router,
+    pod_address,
 )
 from llm_epp.sim.virtual_loop import VirtualClock, VirtualEventLoop
 from llm_epp.sim.workload import Prompt, SharedPrefixWorkload, Stage, stage_offsets
@@ -326,6 +328,16 @@ class Cluster:
         self._router: Router | None = None
         self._handling = False
         self._active: list[_Stage] = []
+        self.kv_events: VirtualKVEvents | None = None
+        """With :meth:`publish_kv_events`: the pods' KV-cache events, on their way to the router's indexes."""
+
+    def publish_kv_events(self, events: VirtualKVEvents) -> None:
+        """Makes every pod publish its KV-cache events through ``events`` (pod ``i`` is ``pod_address(i):8000``,
+        as the ``llm-epp`` router names it); ``events`` must be the KV index service the router was built
+        with. Clocked by this cluster."""
+        events.clock = self._clock
+        events.attach(self.engines, [f"{pod_address(i)}:8000" for i in range(self.num_pods)])
+        self.kv_events = events
 
     @property
     def clock(self) -> float:
@@ -518,6 +530,8 @@ class Cluster:
                         ev.preemptions,
                     )
                 )
+        if self.kv_events is not None:
+            self.kv_events.flush(pod, now)
         self._reschedule(pod)
 
     def _reschedule(self, pod: int) -> None:

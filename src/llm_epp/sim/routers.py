@@ -188,7 +188,9 @@ class EppRouter(Router):
     and their names; ``handle.now()`` is the virtual clock.
 
     ``objectives`` (priorities and model rewrites, as in an objectives file), ``recorder``, ``registry`` and
-    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are."""
+    ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are. ``token_prompts`` sends
+    each prompt as its token ids (what a render endpoint would answer for its text), for plugins that need
+    the engine's tokens (``precise-prefix-cache-producer``)."""
 
     name = "llm-epp"
 
@@ -204,9 +206,11 @@ class EppRouter(Router):
         recorder: Recorder | None = None,
         registry: Registry | None = None,
         disable_subset_filter: bool = False,
+        token_prompts: bool = False,
     ) -> None:
         self.scrape_interval = scrape_interval
         self._model = model
+        self._token_prompts = token_prompts
         self._clock: Callable[[], float] = lambda: 0.0
         source = seeded_random(seed)
         path = build_request_path(
@@ -242,7 +246,8 @@ class EppRouter(Router):
 
     async def route(self, request: RoutedRequest, now: float) -> int:
         prompt = request.prompt
-        body = orjson.dumps({"model": self._model, "prompt": prompt.text, "max_tokens": prompt.max_tokens})
+        text: str | list[int] = list(prompt.token_ids) if self._token_prompts else prompt.text
+        body = orjson.dumps({"model": self._model, "prompt": text, "max_tokens": prompt.max_tokens})
         headers = {":path": "/v1/completions", "content-type": "application/json", **request.headers}
         try:
             routed = await self._client.route(request.id, headers, body, request.subset)
