@@ -239,7 +239,8 @@ def _f(v: float, d: int = 2) -> str:
 
 def routing_table(runs: Sequence[Run], scenario: Scenario) -> list[str]:
     lines = [
-        "| configuration | stage | QPS | requests | req/s | TTFT p50 (s) | TTFT p90 (s) | prefix hit rate | preemptions |",
+        "| configuration | stage | QPS | requests | req/s | TTFT p50 (s) | TTFT p90 (s) | prefix hit rate "
+        "| preemptions |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
@@ -350,10 +351,15 @@ def main(argv: list[str] | None = None) -> int:
         "event_delay": args.event_delay,
         "scenario": {**asdict(scenario), "stages": [asdict(s) for s in scenario.stages]},
         "runs": [
-            {"label": r.label, "wall_seconds": r.wall_seconds, "batches": r.batches, "malformed": r.malformed,
-             "stages": [asdict(s) for s in r.stages]}
+            {
+                "label": r.label,
+                "wall_seconds": r.wall_seconds,
+                "batches": r.batches,
+                "malformed": r.malformed,
+                "stages": [asdict(s) for s in r.stages],
+            }
             for r in runs
-        ],  # fmt: skip
+        ],
         "index": cost,
     }
     (args.output / f"{name}.json").write_text(json.dumps(data, indent=1, default=float))

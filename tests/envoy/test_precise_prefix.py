@@ -180,7 +180,10 @@ def test_a_lost_batch_is_replayed(gateway: PreciseGateway) -> None:
     """The batch announcing the prefix's blocks never reaches the subscriber; the next batch shows the gap,
     the subscriber asks the pod's replay socket, and the follow-ups still find the pod."""
     gw = gateway
-    gaps, replayed = gw.metric("llm_epp_kv_cache_events_gaps_total"), gw.metric("llm_epp_kv_cache_events_replayed_total")
+    gaps, replayed = (
+        gw.metric("llm_epp_kv_cache_events_gaps_total"),
+        gw.metric("llm_epp_kv_cache_events_replayed_total"),
+    )
     for i in range(gw.pods.n):
         gw.pods.publisher(i).skip(1)
     prompt = _text("replay")

@@ -36,14 +36,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publish KV-cache events over ZMQ as vLLM does: pod i binds a PUB socket on "
                              "127.0.0.1:P+i (its data-parallel rank offset; the endpoints file names pod i "
                              "sim-rank-i so llm-epp's podDiscoveryConfig.socketPort P finds it); 0 = off")  # fmt: skip
-    parser.add_argument("--kv-events-replay-port", type=int, default=0,
-                        help="with --kv-events-port: pod i serves replays on 127.0.0.1:R+i (replaySocketPort R)")
-    parser.add_argument("--kv-events-endpoint", default="",
-                        help="instead of binding, connect every pod's PUB socket here (llm-epp's zmqEndpoint)")
-    parser.add_argument("--kv-events-encoding", choices=ENCODINGS, default="array",
-                        help="msgpack shape of events: array (vLLM's tagged structs) or map")
-    parser.add_argument("--prefix-caching-hash-algo", choices=ALGORITHMS, default="sha256",
-                        help="vLLM's block hash for the published hashes")
+    parser.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        default=0,
+        help="with --kv-events-port: pod i serves replays on 127.0.0.1:R+i (replaySocketPort R)",
+    )
+    parser.add_argument(
+        "--kv-events-endpoint",
+        default="",
+        help="instead of binding, connect every pod's PUB socket here (llm-epp's zmqEndpoint)",
+    )
+    parser.add_argument(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        default="array",
+        help="msgpack shape of events: array (vLLM's tagged structs) or map",
+    )
+    parser.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=ALGORITHMS,
+        default="sha256",
+        help="vLLM's block hash for the published hashes",
+    )
     parser.add_argument("--python-hash-seed", default="0", help="the engine's PYTHONHASHSEED (root of the hashes)")
 
 
@@ -79,9 +94,7 @@ async def start_pods(args: argparse.Namespace) -> list[SimServer]:
         for i in range(args.pods):
             kv = kv_events_config(args, i)
             name = f"sim-rank-{i}" if getattr(args, "kv_events_port", 0) else f"sim-{i}"
-            pod = LivePod(
-                name, profile, model=args.model, loras=loras, time_scale=args.time_scale, engine=args.engine
-            )
+            pod = LivePod(name, profile, model=args.model, loras=loras, time_scale=args.time_scale, engine=args.engine)
             port = args.base_port + i if args.base_port else 0
             server = SimServer(pod, port=port, load_format=args.get_load_format, kv_events=kv)
             servers.append(await server.start())
@@ -118,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("kv_events_port", "kv_events_replay_port"):
         value = getattr(args, flag)
         if value and not 0 < value + args.pods - 1 <= 65535:
-            print(f"llm-epp sim: --{flag.replace('_', '-')} {value}: ports P..P+pods-1 must be 1-65535", file=sys.stderr)
+            print(
+                f"llm-epp sim: --{flag.replace('_', '-')} {value}: ports P..P+pods-1 must be 1-65535", file=sys.stderr
+            )
             return 2
     try:
         get_profile(args.profile)

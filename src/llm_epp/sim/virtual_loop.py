@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 __all__ = ["VirtualClock", "VirtualEventLoop"]
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 _IDLE_WAIT = 30.0
 """Wall seconds the loop waits for a thread's answer when no timer and no task is left before it gives up."""
@@ -99,14 +104,16 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.clock.now
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]
+    ) -> asyncio.Future[_T]:
         """With the default executor (``asyncio.to_thread``), runs ``func`` at once on the loop's thread: work
         handed to a thread takes no virtual time and its result cannot lose a race against a virtual timer
         (a plugin's PrepareData deadline would otherwise expire while the thread runs, since the loop does
         not wait for threads while timers are pending). An explicit executor is used as given."""
         if executor is not None:
             return super().run_in_executor(executor, func, *args)
-        future: asyncio.Future[Any] = self.create_future()
+        future: asyncio.Future[_T] = self.create_future()
         try:
             future.set_result(func(*args))
         except BaseException as e:  # handed to the awaiting task, as the executor would

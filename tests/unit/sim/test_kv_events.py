@@ -3,14 +3,23 @@ PUB socket with the replay ROUTER, and delivery in virtual time to the router's 
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
 import zmq
 
 from llm_epp.framework.kvindex import KVIndexSettings, install_kv_index_service
-from llm_epp.kvcache.events import END_OF_REPLAY, SEQ, AllBlocksCleared, BlockRemoved, BlockStored, DecodeStats
-from llm_epp.kvcache.events import decode_batch, decode_seq
+from llm_epp.kvcache.events import (
+    END_OF_REPLAY,
+    SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeStats,
+    decode_batch,
+    decode_seq,
+)
 from llm_epp.kvcache.index import KVBlockIndex
 from llm_epp.kvcache.request_keys import RequestKeyHasher
 from llm_epp.kvcache.subscriber import KVEventsRunner, PodSource
@@ -87,7 +96,7 @@ def test_generated_blocks_chain_on_from_the_prompt() -> None:
     events = _decoded(recorder, KVEventsOptions())
     stored = [e for e in events if isinstance(e, BlockStored)]
     # every later event chains from the last hash of the event before it
-    for before, after in zip(stored, stored[1:], strict=False):
+    for before, after in itertools.pairwise(stored):
         assert after.parent_block_hash == before.block_hashes[-1]
     # the generated tokens are the ones that follow the prompt in each block
     tokens = [t for e in stored for t in e.token_ids]
@@ -263,7 +272,9 @@ def test_virtual_cluster_routes_follow_ups_to_the_pod_holding_their_blocks() -> 
     base = ["alpha " * 60, "bravo " * 60, "charlie " * 60]
     first = cluster.run_trace([TraceRequest(i * 0.5, _prompt(b, i)) for i, b in enumerate(base)], router)
     home = {r.group: r.pod for r in first}
-    follow = [TraceRequest(1.0 + i * 0.2, _prompt(b + f"question {i}", g)) for i in range(3) for g, b in enumerate(base)]
+    follow = [
+        TraceRequest(1.0 + i * 0.2, _prompt(b + f"question {i}", g)) for i in range(3) for g, b in enumerate(base)
+    ]
     results = cluster.run_trace(follow, router)
     assert all(r.pod == home[r.group] for r in results)
     assert events.batches > 0 and events.decode.malformed_messages == 0
