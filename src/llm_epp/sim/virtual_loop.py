@@ -105,7 +105,7 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         return self.clock.now
 
     def run_in_executor(
-        self, executor: Executor | None, func: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]
+        self, executor: Executor | None, func: Callable[[Unpack[_Ts]], _T], *args: *_Ts
     ) -> asyncio.Future[_T]:
         """With the default executor (``asyncio.to_thread``), runs ``func`` at once on the loop's thread: work
         handed to a thread takes no virtual time and its result cannot lose a race against a virtual timer
