@@ -11,7 +11,8 @@ prefix information comes from:
   KV-cache events (``llm_epp.sim.kv_events``: vLLM's BlockStored / BlockRemoved with vLLM's block hashes,
   msgpack-encoded, decoded by the subscriber's decoder and applied to the index ``--event-delay`` virtual
   seconds after the engine step that produced them). Prompts reach the producer as token ids (what a
-  render endpoint would answer), so its keys are the engine's blocks.
+  render endpoint would answer), so its keys are the engine's blocks. Block keys use ``xxh64`` (the
+  documented choice for large pools; ``cbor-fnv`` routes the same and only costs more wall time).
 
 Workload: the anchor (llm-d's shared_prefix: 150 groups x 5 prompts, system prompt 6000 + question 1200
 tokens -> 1000 output tokens, 8 pods of ``qwen3-32b-h100-tp2``). It is also the 73%-capacity workload of
@@ -61,6 +62,8 @@ apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {blockSizeTokens: 16, hashAlgorithm: xxh64}
 - type: precise-prefix-cache-scorer
 - type: kv-cache-utilization-scorer
 - type: queue-scorer
