@@ -104,7 +104,11 @@ class SimServer:
         self.port = self._server.sockets[0].getsockname()[1]
         if self.kv_events_config is not None:
             events = LiveKVEvents(self.pod, self.kv_events_config, kv_topic(self.address, self.pod.model))
-            self.kv_events = await asyncio.to_thread(events.start)
+            try:
+                self.kv_events = await asyncio.to_thread(events.start)
+            except BaseException:
+                await self.stop()
+                raise
         return self
 
     async def stop(self) -> None:

@@ -296,3 +296,19 @@ def test_settings_of_a_virtual_index_are_the_plugins() -> None:
     events = VirtualKVEvents(lambda: 0.0)
     index = events.open("x", KVIndexSettings(block_size=32))
     assert index.block_size == 32 and events.indexes == [index]
+
+
+def test_a_port_in_use_is_a_clear_startup_error() -> None:
+    first = ZmqKVEventPublisher("tcp://127.0.0.1:*", bind=True).start()
+    try:
+        with pytest.raises(OSError, match="KV events publisher at tcp://127.0.0.1:"):
+            ZmqKVEventPublisher(first.endpoint, bind=True).start()
+    finally:
+        first.stop()
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="encoding"):
+        KVEventsOptions(encoding="json")
+    with pytest.raises(ValueError, match="hash algorithm"):
+        KVEventsOptions(hash_algorithm="md5")
