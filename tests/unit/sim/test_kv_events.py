@@ -301,7 +301,7 @@ def test_settings_of_a_virtual_index_are_the_plugins() -> None:
 def test_a_port_in_use_is_a_clear_startup_error() -> None:
     first = ZmqKVEventPublisher("tcp://127.0.0.1:*", bind=True).start()
     try:
-        with pytest.raises(OSError, match="KV events publisher at tcp://127.0.0.1:"):
+        with pytest.raises(OSError, match=r"KV events publisher at tcp://127\.0\.0\.1:"):
             ZmqKVEventPublisher(first.endpoint, bind=True).start()
     finally:
         first.stop()
