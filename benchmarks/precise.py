@@ -326,14 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scenario = anchor_scenario([float(x) for x in args.ladder.split(",") if x.strip()], args.stage_seconds)
     runs: list[Run] = []
+    cost: dict[str, Any] = {}
+    args.output.mkdir(parents=True, exist_ok=True)
     if not args.no_routing:
         for label in CONFIGS:
             print(f"routing: {label}", file=sys.stderr, flush=True)
             runs.append(run_routing(label, scenario, args.seed, args.event_delay))
-    cost: dict[str, Any] = {}
+            write(args, scenario, runs, cost)  # what has finished survives an interrupted run
     if not args.no_index:
         print("index cost", file=sys.stderr, flush=True)
-        n_req, tokens, groups, mem_blocks = (20, 256, 4, 20_000) if args.smoke else (300, 4096, 30, 250_000)
+        n_req, tokens, groups, mem_blocks = (20, 256, 4, 20_000) if args.smoke else (150, 2048, 15, 100_000)
         payloads = recorded_batches(n_req, tokens, groups)
         stats = DecodeStats()
         events = 0
@@ -346,28 +348,31 @@ def main(argv: list[str] | None = None) -> int:
             "apply": {alg: apply_rate(payloads, alg) for alg in ("cbor-fnv", "xxh64")},
             "memory": memory_per_million_blocks(mem_blocks),
         }
-    args.output.mkdir(parents=True, exist_ok=True)
-    name = "precise"
-    (args.output / f"{name}.md").write_text(report(args, scenario, runs, cost))
+    write(args, scenario, runs, cost)
+    print(f"wrote {args.output / 'precise.md'}", file=sys.stderr)
+    return 0
+
+
+def _run_json(r: Run) -> dict[str, Any]:
+    return {
+        "label": r.label,
+        "wall_seconds": r.wall_seconds,
+        "batches": r.batches,
+        "malformed": r.malformed,
+        "stages": [asdict(s) for s in r.stages],
+    }
+
+
+def write(args: argparse.Namespace, scenario: Scenario, runs: Sequence[Run], cost: dict[str, Any]) -> None:
+    (args.output / "precise.md").write_text(report(args, scenario, runs, cost))
     data = {
         "seed": args.seed,
         "event_delay": args.event_delay,
         "scenario": {**asdict(scenario), "stages": [asdict(s) for s in scenario.stages]},
-        "runs": [
-            {
-                "label": r.label,
-                "wall_seconds": r.wall_seconds,
-                "batches": r.batches,
-                "malformed": r.malformed,
-                "stages": [asdict(s) for s in r.stages],
-            }
-            for r in runs
-        ],
+        "runs": [_run_json(r) for r in runs],
         "index": cost,
     }
-    (args.output / f"{name}.json").write_text(json.dumps(data, indent=1, default=float))
-    print(f"wrote {args.output / (name + '.md')}", file=sys.stderr)
-    return 0
+    (args.output / "precise.json").write_text(json.dumps(data, indent=1, default=float))
 
 
 if __name__ == "__main__":
