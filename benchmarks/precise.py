@@ -7,6 +7,8 @@ prefix information comes from:
 
 * ``approximate``: llm-epp's default configuration (``prefix-cache-scorer`` over the EPP's own record of
   where it sent each prompt);
+* ``approximate 1/1/1``: the same with the weights of llm-d-kv-cache's "estimated" scheduler (prefix 1,
+  kv-cache utilization 1, queue 1), the one its 73%-capacity benchmark compares with;
 * ``precise``: ``precise-prefix-cache-producer`` + ``precise-prefix-cache-scorer``, fed by the pods' own
   KV-cache events (``llm_epp.sim.kv_events``: vLLM's BlockStored / BlockRemoved with vLLM's block hashes,
   msgpack-encoded, decoded by the subscriber's decoder and applied to the index ``--event-delay`` virtual
@@ -80,7 +82,31 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 """
 
-CONFIGS: dict[str, str | None] = {"approximate": None, "precise": PRECISE_CONFIG}
+ESTIMATED_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: kv-cache-utilization-scorer
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 1
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+"""
+
+CONFIGS: dict[str, str | None] = {
+    "approximate": None,
+    "approximate 1/1/1": ESTIMATED_CONFIG,
+    "precise": PRECISE_CONFIG,
+}
 
 
 @dataclass(frozen=True)
@@ -146,10 +172,11 @@ def run_routing(label: str, scenario: Scenario, seed: int, delay: float) -> Run:
         router = EppRouter(scenario.pods, config, seed=seed)
     run = Run(label)
     start = time.perf_counter()
+    tag = f"{label:17s}"
 
     def progress(k: int, s: StageStats) -> None:
         print(
-            f"  {label:11s} stage {k} rate {s.rate:g}: {s.req_per_s:.2f} req/s, TTFT p90 {s.ttft_p90:.2f} s, "
+            f"  {tag} stage {k} rate {s.rate:g}: {s.req_per_s:.2f} req/s, TTFT p90 {s.ttft_p90:.2f} s, "
             f"hit {s.prefix_hit_rate:.3f} ({time.perf_counter() - start:.0f} s wall)",
             file=sys.stderr,
             flush=True,
@@ -316,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage-seconds", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--event-delay", type=float, default=0.05, help="virtual seconds from engine step to index")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"routing configurations: {', '.join(CONFIGS)}")
     ap.add_argument("--no-routing", action="store_true")
     ap.add_argument("--no-index", action="store_true")
     ap.add_argument("--output", type=Path, default=RESULTS)
@@ -328,8 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     cost: dict[str, Any] = {}
     args.output.mkdir(parents=True, exist_ok=True)
+    labels = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if unknown := [c for c in labels if c not in CONFIGS]:
+        ap.error(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     if not args.no_routing:
-        for label in CONFIGS:
+        for label in labels:
             print(f"routing: {label}", file=sys.stderr, flush=True)
             runs.append(run_routing(label, scenario, args.seed, args.event_delay))
             write(args, scenario, runs, cost)  # what has finished survives an interrupted run
