@@ -45,6 +45,11 @@ What is modelled (see ``docs/simulator.md``):
 * Output length: exactly ``max_tokens`` tokens, always (as if ``ignore_eos`` were set; the model never
   stops early, so runs are deterministic).
 
+* KV-cache events: an optional ``kv_listener`` (:class:`KVCacheListener`) is told of blocks becoming full,
+  cached blocks evicted and ``reset_prefix_cache``, as vLLM's block pool reports them
+  (:mod:`llm_epp.sim.kv_events` turns that into vLLM's events).  Generated tokens have ids
+  (:func:`generated_token_id`) so blocks holding output can be published too.
+
 Timing rules: a step starts when the previous one ends, or when a request arrives at an idle engine.  The
 step's composition is fixed when it starts; a request submitted at exactly a step's start time is
 included if it is submitted before the engine is asked about that step (``next_event_time`` / an
