@@ -63,7 +63,7 @@ bench-chaos: $(STAMP)  # pods killed under load and a drain, through real Envoy;
 bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoints, snapshot kept vs rebuilt (~5 min)
 	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md
 
-bench-precise: $(STAMP)  # precise vs approximate prefix routing in virtual time + index cost (~20 min)
+bench-precise: $(STAMP)  # precise vs approximate prefix routing in virtual time + index cost (~5 min idle)
 	nice -n 10 $(BIN)/python -m benchmarks.precise --ladder 30,45,60 --stage-seconds 20
 
 clean:

@@ -14,7 +14,9 @@ prefix information comes from:
   msgpack-encoded, decoded by the subscriber's decoder and applied to the index ``--event-delay`` virtual
   seconds after the engine step that produced them). Prompts reach the producer as token ids (what a
   render endpoint would answer), so its keys are the engine's blocks. Block keys use ``xxh64`` (the
-  documented choice for large pools; ``cbor-fnv`` routes the same and only costs more wall time).
+  documented choice for large pools; ``cbor-fnv`` routes the same and only costs more wall time);
+* ``precise 1/1/1``: the precise producer and scorer with the 1/1/1 weights, to tell the index's part
+  from the weights' part.
 
 Workload: the anchor (llm-d's shared_prefix: 150 groups x 5 prompts, system prompt 6000 + question 1200
 tokens -> 1000 output tokens, 8 pods of ``qwen3-32b-h100-tp2``). It is also the 73%-capacity workload of
@@ -106,6 +108,7 @@ CONFIGS: dict[str, str | None] = {
     "approximate": None,
     "approximate 1/1/1": ESTIMATED_CONFIG,
     "precise": PRECISE_CONFIG,
+    "precise 1/1/1": PRECISE_CONFIG.replace("weight: 3", "weight: 1").replace("weight: 2", "weight: 1"),
 }
 
 
@@ -160,7 +163,7 @@ def run_routing(label: str, scenario: Scenario, seed: int, delay: float) -> Run:
     cluster = Cluster(get_profile(scenario.profile), scenario.pods)
     config = CONFIGS[label]
     events: VirtualKVEvents | None = None
-    if label == "precise":
+    if label.startswith("precise"):
         events = VirtualKVEvents(lambda: cluster.clock, delay=delay, model=SIM_MODEL)
         install_kv_index_service(events)
         try:

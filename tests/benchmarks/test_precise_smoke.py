@@ -22,7 +22,7 @@ def test_precise_smoke_writes_both_configurations_and_the_index_cost(tmp_path: P
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     data = json.loads((tmp_path / "precise.json").read_text())
     expected = [round(s["rate"] * s["duration"]) for s in data["scenario"]["stages"]]
-    assert [r["label"] for r in data["runs"]] == ["approximate", "approximate 1/1/1", "precise"]
+    assert [r["label"] for r in data["runs"]] == ["approximate", "approximate 1/1/1", "precise", "precise 1/1/1"]
     for run in data["runs"]:
         assert [s["requests"] for s in run["stages"]] == expected
         assert all(s["failures"] == 0 and s["req_per_s"] > 0 for s in run["stages"])
