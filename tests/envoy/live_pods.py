@@ -47,9 +47,10 @@ def free_port_range(n: int) -> int:
 
 
 class LivePods:
-    def __init__(self, n: int, *, encoding: str = "array", time_scale: float = 0.05) -> None:
+    def __init__(self, n: int, *, encodings: tuple[str, ...] = ("array",), time_scale: float = 0.05) -> None:
+        """Pod `i` encodes its batches with `encodings[i % len(encodings)]`."""
         self.n = n
-        self.encoding = encoding
+        self.encodings = encodings
         self.time_scale = time_scale
         base = free_port_range(2 * n)
         self.zmq_base, self.replay_base = base, base + n
@@ -64,7 +65,7 @@ class LivePods:
             f"tcp://127.0.0.1:{self.zmq_base + i}",
             replay_endpoint=f"tcp://127.0.0.1:{self.replay_base + i}",
             bind=True,
-            options=KVEventsOptions(encoding=self.encoding),
+            options=KVEventsOptions(encoding=self.encodings[i % len(self.encodings)]),
         )
         return SimServer(pod, port=port, kv_events=kv)
 

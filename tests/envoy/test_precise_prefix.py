@@ -79,7 +79,7 @@ class PreciseGateway:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway]:
-    pods = LivePods(3, encoding="map").start()
+    pods = LivePods(3, encodings=("array", "map")).start()  # both of vLLM's encodings in one pool
     try:
         gw = PreciseGateway(pods, tmp_path_factory.mktemp("precise"))
     except Exception:
