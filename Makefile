@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,9 @@ bench-pd: $(STAMP)  # prefill/decode disaggregation vs aggregated pods: virtual-
 bench-overload: $(STAMP)  # two tenants at 1.5x and 3x capacity, 4 routers, virtual time (two runs of ~12 min)
 	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --seconds 180 --skip 60
 	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --seconds 120 --skip 40 --append
+
+bench-precise: $(STAMP)  # precise vs approximate prefix routing in virtual time + index cost (~5 min idle)
+	nice -n 10 $(BIN)/python -m benchmarks.precise --ladder 30,45,60 --stage-seconds 20
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

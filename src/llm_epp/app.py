@@ -24,7 +24,9 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.servicer import ExtProcServicer
+from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
+from llm_epp.kvcache.service import InMemoryKVIndexService
 from llm_epp.legacy_flags import apply_legacy_metrics_flags
 from llm_epp.observability import (
     HealthState,
@@ -35,6 +37,7 @@ from llm_epp.observability import (
 )
 from llm_epp.observability.flowcontrol_metrics import FlowControlMetrics
 from llm_epp.observability.known_models import ConfiguredAndServedModels
+from llm_epp.observability.kvcache_metrics import register_kv_index_metrics
 from llm_epp.observability.logging import level_for_flags, stacktrace_level
 from llm_epp.observability.metrics_auth import KubernetesAuthorizer
 from llm_epp.observability.metrics_http import CertDirWatch, MetricsHttpServer, server_tls_context
@@ -91,6 +94,8 @@ class Components:
     tracer: Tracer = NULL_TRACER
     data_layer: DataLayer | None = None  # every configured source; metrics_runtime is its metrics part
     discovery: DiscoveryFileWatcher | None = None  # dataLayer.discovery: the endpoints come from its file
+    kv_index: InMemoryKVIndexService | None = None
+    """The precise prefix-cache indexes the configuration opened (their subscribers run while serving)."""
 
 
 def build(opts: Options) -> Components:
@@ -104,6 +109,8 @@ def build(opts: Options) -> Components:
     except TracingSetupError as e:
         raise StartupError(f"--tracing: {e}") from None
     plugin_recorder = with_plugin_spans(recorder, tracer)  # plugin timings also as spans when tracing
+    kv_index = InMemoryKVIndexService()  # precise prefix-cache plugins open their indexes here
+    install_kv_index_service(kv_index)
     try:
         path = build_request_path(
             recorder=plugin_recorder,
@@ -187,6 +194,8 @@ def build(opts: Options) -> Components:
         for o in data_layer.object_events:  # added by a plugin for an optional signal (topology-extractor)
             log.info("k8s_notification_source_inactive source=%s: no Kubernetes discovery", o.source.typed_name)
         data_layer.object_events = []
+    if kv_index.indexes():
+        register_kv_index_metrics(recorder.registry, kv_index.stats)
     return Components(
         datastore,
         recorder,
@@ -202,6 +211,7 @@ def build(opts: Options) -> Components:
         tracer,
         data_layer,
         discovery,
+        kv_index if kv_index.indexes() else None,
     )
 
 
@@ -549,6 +559,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
                 background.append(tg.create_task(source.run()))
             if c.objectives_watcher is not None:
                 background.append(tg.create_task(c.objectives_watcher.run()))
+            if c.kv_index is not None:  # KV-event subscribers from the start; stopped when cancelled
+                background.append(tg.create_task(c.kv_index.run(c.datastore.snapshot)))
             leadership = None
             if discovery is not None and discovery.elector is not None:
                 leadership = tg.create_task(discovery.follow_leadership())

@@ -41,6 +41,7 @@ class KVIndexSettings:
     discover_pods: bool = True
     socket_port: int = 5557
     replay_socket_port: int = 0  # 0: no replay
+    concurrency: int = 4  # threads applying events, each endpoint always on the same one
 
 
 @dataclass(frozen=True, slots=True)

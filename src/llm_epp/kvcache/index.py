@@ -38,12 +38,15 @@ Holder = tuple[str, str]  # (endpoint id "ip:port", medium)
 
 
 class IngestStats:
-    """Counts of events applied and skipped (per reason). Bounded: reasons are fixed strings."""
+    """Counts of events applied and skipped (per reason), and of block keys the events added (admissions)
+    and took away (evictions: BlockRemoved, AllBlocksCleared, restarts). Bounded: reasons are fixed strings."""
 
-    __slots__ = ("applied", "skipped")
+    __slots__ = ("admissions", "applied", "evictions", "skipped")
 
     def __init__(self) -> None:
         self.applied = 0
+        self.admissions = 0
+        self.evictions = 0
         self.skipped: dict[str, int] = {}
 
     def skip(self, reason: str) -> None:
@@ -172,6 +175,7 @@ class KVBlockIndex:
 
     def _clear_pod(self, pod: str) -> int:
         keys = self._pod_keys.pop(pod, {})
+        self.stats.evictions += len(keys)
         self._engine.pop(pod, None)
         data = self._data
         for key in keys:
@@ -273,6 +277,7 @@ class KVBlockIndex:
         with self._lock:
             for key in keys:
                 self._add(key, (pod, medium))
+            stats.admissions += len(keys)
             engine = self._engine.setdefault(pod, OrderedDict())
             for engine_key, rks in mapping.items():
                 engine[engine_key] = rks
@@ -293,6 +298,7 @@ class KVBlockIndex:
                 continue
             for rk in rks:
                 self._remove(rk, (pod, medium))
+            self.stats.evictions += len(rks)
             still = any(
                 holder[0] == pod and holder[1] != SPECULATIVE for rk in rks for holder in self._data.get(rk, ())
             )

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from llm_epp.framework.kvindex import KVIndexSettings, PrefixLookup
 from llm_epp.framework.types import Endpoint
 from llm_epp.kvcache.index import KVBlockIndex, longest_prefix
 from llm_epp.kvcache.request_keys import RequestKeyHasher
 from llm_epp.kvcache.subscriber import KVEventsRunner, sources_for
+
+__all__ = ["InMemoryKVIndex", "InMemoryKVIndexService", "KVIndexStats", "collect_stats"]
 
 
 class InMemoryKVIndex:
@@ -33,7 +36,10 @@ class InMemoryKVIndex:
             medium_weights=settings.medium_weights,
         )
         self.runner = KVEventsRunner(
-            self.index, topic_filter=settings.topic_filter, bind_endpoint=settings.zmq_endpoint
+            self.index,
+            topic_filter=settings.topic_filter,
+            bind_endpoint=settings.zmq_endpoint,
+            concurrency=settings.concurrency,
         )
         self._clock = clock
 
@@ -73,6 +79,62 @@ class InMemoryKVIndex:
         self.runner.stop()
 
 
+@dataclass(frozen=True, slots=True)
+class KVIndexStats:
+    """Counters summed over a service's indexes (for metrics). `messages_by_pod` covers the endpoints
+    subscribed to now or, with a central socket, those the index holds blocks of (the pool: bounded)."""
+
+    messages_by_pod: Mapping[str, int]
+    messages: int = 0
+    malformed_messages: int = 0
+    malformed_events: int = 0
+    unknown_events: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    replay_failures: int = 0
+    restarts: int = 0
+    duplicates: int = 0
+    events_applied: int = 0
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    admissions: int = 0
+    evictions: int = 0
+    blocks: int = 0
+    subscribers: int = 0
+    workers: int = 0
+    queue_depth: int = 0
+
+
+def collect_stats(indexes: Sequence[InMemoryKVIndex]) -> KVIndexStats:
+    by_pod: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+    totals = dict.fromkeys(
+        ("messages", "malformed_messages", "malformed_events", "unknown_events", "gaps", "replayed",
+         "replay_failures", "restarts", "duplicates", "events_applied", "admissions", "evictions", "blocks",
+         "subscribers", "workers", "queue_depth"),
+        0,
+    )  # fmt: skip
+    for ix in indexes:
+        r, st, d = ix.runner, ix.runner.stats, ix.runner.stats.decode
+        live = set(r.subscribed()) | set(ix.index.pods())
+        for pod, n in list(st.messages_by_pod.items()):
+            if pod in live:
+                by_pod[pod] = by_pod.get(pod, 0) + n
+        for reason, n in list(ix.index.stats.skipped.items()):
+            skipped[reason] = skipped.get(reason, 0) + n
+        values = {
+            "messages": st.messages, "malformed_messages": d.malformed_messages,
+            "malformed_events": d.malformed_events, "unknown_events": d.unknown_events, "gaps": st.gaps,
+            "replayed": st.replayed, "replay_failures": st.replay_failures, "restarts": st.restarts,
+            "duplicates": st.duplicates, "events_applied": ix.index.stats.applied,
+            "admissions": ix.index.stats.admissions, "evictions": ix.index.stats.evictions,
+            "blocks": len(ix.index), "subscribers": len(r.subscribed()) if r.running() else 0,
+            "workers": r.pool.workers if r.running() else 0, "queue_depth": r.pool.depth(),
+        }  # fmt: skip
+        for k, v in values.items():
+            totals[k] += v
+    return KVIndexStats(messages_by_pod=by_pod, skipped=skipped, **totals)
+
+
 class InMemoryKVIndexService:
     """Opens `InMemoryKVIndex`es and starts/stops their subscribers together."""
 
@@ -110,3 +172,6 @@ class InMemoryKVIndexService:
             indexes = list(self._indexes)
         for index in indexes:
             index.stop()
+
+    def stats(self) -> KVIndexStats:
+        return collect_stats(self.indexes())

@@ -8,10 +8,17 @@ and subscribes to `topicFilter` (default `kv@`; vLLM's topic is `kv@<ip:port>@<m
 - a gap (seq > last + 1) is filled from the engine's replay socket when `replaySocketPort` is set
   (ROUTER; request [empty, start_seq]; answers [empty, seq, batch] ... then the all-0xFF end marker), else
   counted;
-- a sequence going back (seq < last) means the engine restarted: the endpoint's blocks are dropped before
-  the new batch is applied;
+- a sequence going back (seq < last), or the same number on a different batch, means the engine
+  restarted: the endpoint's blocks are dropped before the new batch is applied. A restarted engine whose
+  first batches were lost (published before the subscriber reconnected) shows up as a gap instead; the
+  replay then starts at `last` itself, and a batch there that differs from the one applied reveals the
+  restart (the endpoint is dropped and the new publisher's buffer replayed from 0);
 - the first message from an endpoint with seq > 0 asks for a replay from 0, so a new EPP replica catches
   up with what the engine still buffers.
+
+Decoded batches are applied by `concurrency` worker threads (llm-d's `kvEventsConfig.concurrency`), each
+endpoint always on the same worker, so one endpoint's events apply in order while endpoints proceed in
+parallel; a restart's clear goes through the endpoint's worker too, before the batches after it.
 
 Malformed frames and batches are counted (`DecodeStats`) and skipped; nothing a publisher sends stops the
 thread. Endpoints that leave the pool are unsubscribed and dropped from the index. With `zmqEndpoint` set
@@ -21,15 +28,26 @@ from the topic."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from time import monotonic as _monotonic
 
+import xxhash
 import zmq
 
 from llm_epp.framework.types import Endpoint, join_host_port
-from llm_epp.kvcache.events import END_OF_REPLAY, SEQ, DecodeStats, decode_batch, decode_seq, parse_topic
+from llm_epp.kvcache.events import (
+    END_OF_REPLAY,
+    SEQ,
+    DecodeStats,
+    EventBatch,
+    decode_batch,
+    decode_seq,
+    parse_topic,
+)
 from llm_epp.kvcache.index import KVBlockIndex
 
 log = logging.getLogger(__name__)
@@ -71,6 +89,7 @@ def sources_for(endpoints: Iterable[Endpoint], socket_port: int, replay_port: in
 
 @dataclass(slots=True)
 class SubscriberStats:
+    messages_by_pod: dict[str, int] = field(default_factory=dict)  # endpoints followed now (bounded)
     messages: int = 0
     gaps: int = 0
     replayed: int = 0
@@ -80,11 +99,75 @@ class SubscriberStats:
     decode: DecodeStats = field(default_factory=DecodeStats)
 
 
+DEFAULT_CONCURRENCY = 4  # llm-d's kvEventsConfig.concurrency default
+_MAX_CENTRAL_PODS = 4096
+_MAX_REPLAY = 100_000  # batches taken from one replay answer (vLLM buffers 10,000 by default)
+
+
+class ApplyPool:
+    """`workers` threads applying batches to the index; an endpoint is always served by the same worker
+    (its shard), so its events keep their order."""
+
+    def __init__(self, index: KVBlockIndex, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"concurrency must be at least 1, got {workers}")
+        self.index = index
+        self.workers = workers
+        self._queues: list[queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        self._queues = [queue.SimpleQueue() for _ in range(self.workers)]
+        for i, q in enumerate(self._queues):
+            t = threading.Thread(target=self._work, args=(q,), name=f"kv-events-apply-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = []
+        self._queues = []
+
+    def depth(self) -> int:
+        """Batches waiting to be applied, over all workers."""
+        return sum(q.qsize() for q in self._queues)
+
+    def apply(self, pod: str, model: str, batch: EventBatch) -> None:
+        self._shard(pod).put((pod, model, batch))
+
+    def clear(self, pod: str) -> None:
+        """Drops the endpoint's blocks once the batches queued before this call are applied."""
+        self._shard(pod).put((pod, "", None))
+
+    def _shard(self, pod: str) -> queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]:
+        if not self._queues:
+            self.start()
+        return self._queues[zlib.crc32(pod.encode()) % self.workers]
+
+    def _work(self, q: queue.SimpleQueue[tuple[str, str, EventBatch | None] | None]) -> None:
+        index = self.index
+        while (item := q.get()) is not None:
+            pod, model, batch = item
+            try:
+                if batch is None:
+                    index.clear_pod(pod)
+                else:
+                    index.apply(pod, model, batch)
+            except Exception:  # a worker must never die
+                log.exception("kv_events_apply_failed pod=%s", pod)
+
+
 @dataclass(slots=True)
 class _Sub:
     source: PodSource
     socket: zmq.Socket[bytes]
     last_seq: int | None = None
+    last_digest: int = 0  # of the last batch applied: tells a restarted publisher's batch under the same number
 
 
 class KVEventsRunner:
@@ -99,8 +182,10 @@ class KVEventsRunner:
         bind_endpoint: str = "",
         replay_timeout: float = 2.0,
         refresh_interval: float = 1.0,
+        concurrency: int = 1,
     ) -> None:
         self.index = index
+        self.pool = ApplyPool(index, concurrency)
         self.topic_filter = topic_filter
         self.bind_endpoint = bind_endpoint
         self.replay_timeout = replay_timeout
@@ -132,6 +217,7 @@ class KVEventsRunner:
         if self.running():
             return
         self._stop.clear()
+        self.pool.start()
         self._ctx = zmq.Context()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
@@ -142,6 +228,7 @@ class KVEventsRunner:
         if thread is not None:
             thread.join(timeout)
         self._thread = None
+        self.pool.stop(timeout)
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -158,7 +245,7 @@ class KVEventsRunner:
         self._subs = {}
         poller = zmq.Poller()
         central: _Sub | None = None
-        central_seqs: dict[str, int] = {}
+        central_seqs: dict[str, tuple[int | None, int]] = {}
         if self.bind_endpoint:
             sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
@@ -228,7 +315,8 @@ class KVEventsRunner:
                 sub.socket.close(0)
                 del self._subs[pod_id]
                 if pod_id not in wanted:
-                    self.index.clear_pod(pod_id)
+                    self.pool.clear(pod_id)
+                    self.stats.messages_by_pod.pop(pod_id, None)
                     log.debug("kv_events_unsubscribed pod=%s", pod_id)
         for pod_id, source in wanted.items():
             if pod_id in self._subs:
@@ -243,7 +331,9 @@ class KVEventsRunner:
         self._subscribed = tuple(self._subs)
         self.index.retain_pods(set(wanted))
 
-    def _drain(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, central: dict[str, int] | None) -> None:
+    def _drain(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, central: dict[str, tuple[int | None, int]] | None
+    ) -> None:
         for _ in range(_MAX_DRAIN):
             try:
                 frames = sub.socket.recv_multipart(zmq.NOBLOCK)
@@ -252,7 +342,11 @@ class KVEventsRunner:
             self._handle(ctx, sub, frames, central)
 
     def _handle(
-        self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, frames: Sequence[bytes], central: dict[str, int] | None
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        sub: _Sub,
+        frames: Sequence[bytes],
+        central: dict[str, tuple[int | None, int]] | None,
     ) -> None:
         stats = self.stats
         stats.messages += 1
@@ -269,40 +363,80 @@ class KVEventsRunner:
             stats.decode.count("message", "topic: not UTF-8")
             return
         topic_pod, model = parse_topic(topic)
+        digest = xxhash.xxh3_64_intdigest(frames[2])
         if central is not None:
             pod = topic_pod
-            last = central.get(pod)
+            last, last_digest = central.get(pod, (None, 0))
         else:
             pod = sub.source.pod_id
-            last = sub.last_seq
+            last, last_digest = sub.last_seq, sub.last_digest
+        by_pod = stats.messages_by_pod
+        if pod in by_pod or len(by_pod) < _MAX_CENTRAL_PODS:
+            by_pod[pod] = by_pod.get(pod, 0) + 1
         if last is not None and seq <= last:
-            if seq == last:
+            if seq == last and digest == last_digest:
                 stats.duplicates += 1
                 return
-            stats.restarts += 1
-            self.index.clear_pod(pod)
-            log.info("kv_events_publisher_restarted pod=%s seq=%d last=%d", pod, seq, last)
+            self._restarted(pod, seq, last)
             last = None
         if central is None and sub.source.replay_endpoint and seq > (last + 1 if last is not None else 0):
             stats.gaps += 1
-            self._replay(ctx, sub.source.replay_endpoint, pod, model, (last + 1) if last is not None else 0, seq)
+            self._replay(ctx, sub, pod, model, last, last_digest, seq)
         elif last is not None and seq > last + 1:
             stats.gaps += 1
         batch = decode_batch(frames[2], stats.decode)
         if batch is not None:
-            self.index.apply(pod, model, batch)
+            self.pool.apply(pod, model, batch)
         if central is not None:
-            if pod in central or len(central) < 4096:
-                central[pod] = seq
+            if pod in central or len(central) < _MAX_CENTRAL_PODS:
+                central[pod] = (seq, digest)
         else:
-            sub.last_seq = seq
+            sub.last_seq, sub.last_digest = seq, digest
+
+    def _restarted(self, pod: str, seq: int, last: int) -> None:
+        self.stats.restarts += 1
+        self.pool.clear(pod)
+        log.info("kv_events_publisher_restarted pod=%s seq=%d last=%d", pod, seq, last)
 
     def _replay(
-        self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, pod: str, model: str, start: int, stop: int
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        sub: _Sub,
+        pod: str,
+        model: str,
+        last: int | None,
+        last_digest: int,
+        stop: int,
     ) -> None:
-        """Applies the batches [start, stop) the engine still buffers."""
+        """Applies the batches after `last` and before `stop` the engine still buffers. The replay starts
+        at `last` itself: if the engine's batch under that number is not the one applied, the publisher
+        restarted (its first batches were lost before this subscriber reconnected), so the endpoint's
+        blocks are dropped and everything the new publisher buffers is applied instead."""
+        endpoint = sub.source.replay_endpoint
+        got = self._fetch(ctx, endpoint, pod, last if last is not None else 0)
+        if got is None:
+            return
+        first = last + 1 if last is not None else 0
+        if last is not None and got and got[0][0] == last and xxhash.xxh3_64_intdigest(got[0][1]) != last_digest:
+            self._restarted(pod, stop, last)
+            got = self._fetch(ctx, endpoint, pod, 0)
+            if got is None:
+                return
+            first = 0
+        for seq, payload in got:
+            if first <= seq < stop:
+                batch = decode_batch(payload, self.stats.decode)
+                if batch is not None:
+                    self.pool.apply(pod, model, batch)
+                    self.stats.replayed += 1
+
+    def _fetch(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, pod: str, start: int
+    ) -> list[tuple[int, bytes]] | None:
+        """The (sequence, batch) pairs the engine buffers from `start` on, in order; None on a timeout."""
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        out: list[tuple[int, bytes]] = []
         try:
             sock.connect(endpoint)
             sock.send_multipart([b"", SEQ.pack(start)])
@@ -312,7 +446,7 @@ class KVEventsRunner:
                 if remaining <= 0 or not sock.poll(int(remaining * 1000)):
                     self.stats.replay_failures += 1
                     log.warning("kv_events_replay_timeout pod=%s endpoint=%s start=%d", pod, endpoint, start)
-                    return
+                    return None
                 frames = sock.recv_multipart()
                 if len(frames) != 3:
                     self.stats.decode.count("message", f"replay frames: expected 3, got {len(frames)}")
@@ -322,11 +456,8 @@ class KVEventsRunner:
                     self.stats.decode.count("message", "replay sequence: frame shorter than 8 bytes")
                     continue
                 if seq == END_OF_REPLAY:
-                    return
-                if start <= seq < stop:
-                    batch = decode_batch(frames[2], self.stats.decode)
-                    if batch is not None:
-                        self.index.apply(pod, model, batch)
-                        self.stats.replayed += 1
+                    return out
+                if seq >= start and len(out) < _MAX_REPLAY:
+                    out.append((seq, frames[2]))
         finally:
             sock.close(0)

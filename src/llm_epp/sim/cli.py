@@ -11,7 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from llm_epp.kvcache.vllm_hashing import ALGORITHMS
 from llm_epp.sim.disagg import DEFAULT_BANDWIDTH, DEFAULT_SETUP_LATENCY, ROLES, KvTransfer, role_labels
+from llm_epp.sim.kv_events import ENCODINGS, KVEventsOptions, PublisherConfig
 from llm_epp.sim.live import ENGINES, LivePod
 from llm_epp.sim.profiles import PROFILES, get_profile
 from llm_epp.sim.server import SimServer
@@ -39,6 +41,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transfer-latency", type=float, default=DEFAULT_SETUP_LATENCY,
                         help="seconds each KV pull costs before the first byte (default %(default)g)")  # fmt: skip
 
+    parser.add_argument("--kv-events-port", type=int, default=0,
+                        help="publish KV-cache events over ZMQ as vLLM does: pod i binds a PUB socket on "
+                             "127.0.0.1:P+i (its data-parallel rank offset; the endpoints file names pod i "
+                             "sim-rank-i so llm-epp's podDiscoveryConfig.socketPort P finds it); 0 = off")  # fmt: skip
+    parser.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        default=0,
+        help="with --kv-events-port: pod i serves replays on 127.0.0.1:R+i (replaySocketPort R)",
+    )
+    parser.add_argument(
+        "--kv-events-endpoint",
+        default="",
+        help="instead of binding, connect every pod's PUB socket here (llm-epp's zmqEndpoint)",
+    )
+    parser.add_argument(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        default="array",
+        help="msgpack shape of events: array (vLLM's tagged structs) or map",
+    )
+    parser.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=ALGORITHMS,
+        default="sha256",
+        help="vLLM's block hash for the published hashes",
+    )
+    parser.add_argument("--python-hash-seed", default="0", help="the engine's PYTHONHASHSEED (root of the hashes)")
+
 
 def pod_roles(spec: str, pods: int) -> list[str | None]:
     """The role of each of ``pods`` pods from ``--role`` (one for all, or one per pod); ``ValueError``."""
@@ -53,6 +84,23 @@ def pod_roles(spec: str, pods: int) -> list[str | None]:
     if len(names) != pods:
         raise ValueError(f"--role names {len(names)} roles for {pods} pods: give one role, or one per pod")
     return list(names)
+
+
+def kv_events_config(args: argparse.Namespace, pod: int) -> PublisherConfig | None:
+    """Pod ``pod``'s KV-event publisher from the ``--kv-events-*`` flags; None when off."""
+    port = getattr(args, "kv_events_port", 0)
+    central = getattr(args, "kv_events_endpoint", "")
+    if not port and not central:
+        return None
+    options = KVEventsOptions(
+        encoding=args.kv_events_encoding,
+        hash_algorithm=args.prefix_caching_hash_algo,
+        python_hash_seed=args.python_hash_seed,
+    )
+    if central:
+        return PublisherConfig(central, bind=False, options=options)
+    replay = f"tcp://127.0.0.1:{args.kv_events_replay_port + pod}" if args.kv_events_replay_port else ""
+    return PublisherConfig(f"tcp://127.0.0.1:{port + pod}", replay_endpoint=replay, bind=True, options=options)
 
 
 def endpoints_yaml(servers: list[SimServer], engine: str = "vllm") -> str:
@@ -78,8 +126,10 @@ async def start_pods(args: argparse.Namespace) -> list[SimServer]:
     servers: list[SimServer] = []
     try:
         for i in range(args.pods):
+            kv = kv_events_config(args, i)
+            name = f"sim-rank-{i}" if getattr(args, "kv_events_port", 0) else f"sim-{i}"
             pod = LivePod(
-                f"sim-{i}",
+                name,
                 profile,
                 model=args.model,
                 loras=loras,
@@ -89,7 +139,8 @@ async def start_pods(args: argparse.Namespace) -> list[SimServer]:
                 kv_transfer=transfer,
             )
             port = args.base_port + i if args.base_port else 0
-            servers.append(await SimServer(pod, port=port, load_format=args.get_load_format).start())
+            server = SimServer(pod, port=port, load_format=args.get_load_format, kv_events=kv)
+            servers.append(await server.start())
     except BaseException:
         await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)
         raise
@@ -120,6 +171,13 @@ def run(args: argparse.Namespace) -> int:
     if args.pods < 1 or args.time_scale <= 0 or not 0 <= args.base_port <= 65535:
         print("llm-epp sim: --pods must be >= 1, --time-scale > 0, --base-port 0-65535", file=sys.stderr)
         return 2
+    for flag in ("kv_events_port", "kv_events_replay_port"):
+        value = getattr(args, flag)
+        if value and not 0 < value + args.pods - 1 <= 65535:
+            print(
+                f"llm-epp sim: --{flag.replace('_', '-')} {value}: ports P..P+pods-1 must be 1-65535", file=sys.stderr
+            )
+            return 2
     try:
         get_profile(args.profile)
     except KeyError as exc:

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from llm_epp.sim.disagg import DecodeLeg, KvTransfer, SidecarRefusal, VirtualSidecar, role_labels
 from llm_epp.sim.engine import Engine, EngineMetrics, EventKind, RequestEvent, SimRequest
+from llm_epp.sim.kv_events import VirtualKVEvents
 from llm_epp.sim.profiles import Profile
 from llm_epp.sim.routers import (
     DEFAULT_SCRAPE_INTERVAL,
@@ -362,6 +363,16 @@ class Cluster:
         self._router: Router | None = None
         self._handling = False
         self._active: list[_Stage] = []
+        self.kv_events: VirtualKVEvents | None = None
+        """With :meth:`publish_kv_events`: the pods' KV-cache events, on their way to the router's indexes."""
+
+    def publish_kv_events(self, events: VirtualKVEvents) -> None:
+        """Makes every pod publish its KV-cache events through ``events`` (pod ``i`` is ``pod_address(i):8000``,
+        as the ``llm-epp`` router names it); ``events`` must be the KV index service the router was built
+        with. Clocked by this cluster."""
+        events.clock = self._clock
+        events.attach(self.engines, [f"{pod_address(i)}:8000" for i in range(self.num_pods)])
+        self.kv_events = events
 
     @property
     def clock(self) -> float:
@@ -585,6 +596,8 @@ class Cluster:
                         kv_bytes=f.leg.kv_bytes if f.leg is not None else 0,
                     )
                 )
+        if self.kv_events is not None:
+            self.kv_events.flush(pod, now)
         self._reschedule(pod)
 
     def _reschedule(self, pod: int) -> None:

@@ -49,6 +49,11 @@ What is modelled (see ``docs/simulator.md``):
 * Output length: exactly ``max_tokens`` tokens, always (as if ``ignore_eos`` were set; the model never
   stops early, so runs are deterministic).
 
+* KV-cache events: an optional ``kv_listener`` (:class:`KVCacheListener`) is told of blocks becoming full,
+  cached blocks evicted and ``reset_prefix_cache``, as vLLM's block pool reports them
+  (:mod:`llm_epp.sim.kv_events` turns that into vLLM's events).  Generated tokens have ids
+  (:func:`generated_token_id`) so blocks holding output can be published too.
+
 Timing rules: a step starts when the previous one ends, or when a request arrives at an idle engine.  The
 step's composition is fixed when it starts; a request submitted at exactly a step's start time is
 included if it is submitted before the engine is asked about that step (``next_event_time`` / an
@@ -60,14 +65,24 @@ from __future__ import annotations
 import enum
 import struct
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
 from llm_epp.sim.profiles import Profile
 
-__all__ = ["Engine", "EngineMetrics", "EventKind", "RequestEvent", "SimRequest", "block_hashes"]
+__all__ = [
+    "Engine",
+    "EngineMetrics",
+    "EventKind",
+    "KVCacheListener",
+    "RequestEvent",
+    "SimRequest",
+    "block_hashes",
+    "generated_token_id",
+]
 
 _ROOT_NO_LORA = xxhash.xxh3_64_intdigest(b"llm-epp-sim:root")
 _GENERATED = struct.Struct("<QQQ")
@@ -93,6 +108,44 @@ def block_hashes(token_ids: Sequence[int], block_size: int, lora: str | None = N
         parent = xxhash.xxh3_64_intdigest(packer.pack(parent, *token_ids[start : start + block_size]))
         out.append(parent)
     return out
+
+
+_GENERATED_TOKEN = struct.Struct("<QQ")
+_VOCAB = 151_936
+
+
+def generated_token_id(salt: int, index: int) -> int:
+    """The id of output token ``index`` of the request whose salt is ``salt`` (a pure function, like the
+    content ids of generated blocks; only needed where token ids are shown, e.g. in KV events)."""
+    return xxhash.xxh3_64_intdigest(_GENERATED_TOKEN.pack(salt, index)) % _VOCAB
+
+
+class KVCacheListener(Protocol):
+    """Told when the prefix cache changes, as vLLM's block pool reports it for KV-cache events.
+
+    Called from inside :meth:`Engine.advance` / :meth:`Engine.next_event_time` (no time is passed: the
+    owner reads the events after advancing, as vLLM publishes them after each step)."""
+
+    def blocks_stored(
+        self,
+        block_ids: Sequence[int],
+        parent_id: int | None,
+        first_block: int,
+        lora: str | None,
+        tokens: Callable[[int, int], Sequence[int]],
+    ) -> None:
+        """Blocks ``first_block..`` of one request became full (their KV was computed); ``parent_id`` is the
+        content id of block ``first_block - 1`` (None for block 0) and ``tokens(start, end)`` gives the
+        request's token ids in ``[start, end)`` (prompt, then generated)."""
+        ...
+
+    def block_removed(self, block_id: int) -> None:
+        """A cached block was evicted to make room."""
+        ...
+
+    def all_cleared(self) -> None:
+        """The whole prefix cache was reset."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +238,7 @@ class _Req:
         "num_prompt",
         "num_tokens",
         "preemptions",
+        "prompt",
         "rid",
         "salt",
         "tail",
@@ -195,6 +249,7 @@ class _Req:
         self.lora = request.lora
         self.max_tokens = request.max_tokens
         self.num_prompt = len(request.prompt_token_ids)
+        self.prompt = request.prompt_token_ids
         self.hashes = hashes
         """Ids of the request's full blocks known so far (prompt blocks, then blocks with generated tokens)."""
         self.salt = xxhash.xxh3_64_intdigest(request.id.encode("utf-8"))
@@ -212,6 +267,13 @@ class _Req:
         self.preemptions = 0
         self.external = request.external_tokens
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids in ``[start, end)``: prompt, then generated (:func:`generated_token_id`)."""
+        n = self.num_prompt
+        out = list(self.prompt[start : min(end, n)])
+        out.extend(generated_token_id(self.salt, i - n) for i in range(max(start, n), end))
+        return out
+
 
 @dataclass(slots=True)
 class _Step:
@@ -222,8 +284,17 @@ class _Step:
 class Engine:
     """One simulated pod.  ``token_events=False`` omits per-token ``TOKEN`` events (faster)."""
 
-    def __init__(self, profile: Profile, clock_start: float = 0.0, *, token_events: bool = True) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        clock_start: float = 0.0,
+        *,
+        token_events: bool = True,
+        kv_listener: KVCacheListener | None = None,
+    ) -> None:
         self.profile = profile
+        self.kv_listener = kv_listener
+        """Told of blocks stored, evicted and cleared (KV-cache events); None: nobody listens."""
         self._bs = profile.block_size
         self._token_events = token_events
         self._clock = clock_start
@@ -339,6 +410,23 @@ class Engine:
             evicted_blocks=self._evictions,
         )
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: forgets every cached block, only when no request holds blocks
+        (False, nothing done, otherwise)."""
+        if self._running:
+            return False
+        for block in self._cache.values():
+            block.hash = None
+        self._cache.clear()
+        free = list(self._free.values())
+        self._free.clear()
+        for block in free:
+            self._anon_keys -= 1
+            self._free[self._anon_keys] = block
+        if self.kv_listener is not None:
+            self.kv_listener.all_cleared()
+        return True
+
     def cached_prefix_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> int:
         """How many leading tokens of ``token_ids`` are in the prefix cache now (whole blocks; test aid)."""
         n = 0
@@ -368,6 +456,8 @@ class Engine:
                 if reused.hash is not None:
                     del self._cache[reused.hash]
                     self._evictions += 1
+                    if self.kv_listener is not None:
+                        self.kv_listener.block_removed(reused.hash)
             blocks.append(_Block(None))
         return True
 
@@ -539,11 +629,16 @@ class Engine:
         cache = self._cache
         token_events = self._token_events
         finished = False
+        listener = self.kv_listener
         for r, n in step.scheduled:
             r.num_computed += n
             full = r.num_computed // bs
             if len(r.hashes) < full:
                 self._extend_hashes(r, full)
+            if listener is not None and r.num_hashed < full:
+                first = r.num_hashed
+                parent = r.hashes[first - 1] if first else None
+                listener.blocks_stored(r.hashes[first:full], parent, first, r.lora, r.tokens)
             while r.num_hashed < full:
                 b = r.blocks[r.num_hashed]
                 h = r.hashes[r.num_hashed]

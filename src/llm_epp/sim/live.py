@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llm_epp.sim.disagg import ROLES, KvTransfer, pulled_tokens
@@ -84,6 +85,8 @@ class LivePod:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.after_advance: Callable[[], None] | None = None
+        """Called after every advance of the engine (a KV-event publisher flushes there)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -178,7 +181,17 @@ class LivePod:
                 await asyncio.sleep(delay)
             self._deliver(engine.advance(max(t, self.now())))
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``/reset_prefix_cache``: False while requests run."""
+        self._deliver(self.engine.advance(self.now()))
+        done = self.engine.reset_prefix_cache()
+        if self.after_advance is not None:
+            self.after_advance()
+        return done
+
     def _deliver(self, events: list[RequestEvent]) -> None:
+        if self.after_advance is not None:
+            self.after_advance()
         stats = self.stats
         for ev in events:
             req = self._requests.get(ev.request_id)

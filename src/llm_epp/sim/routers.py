@@ -195,7 +195,9 @@ class EppRouter(Router):
     ``objectives`` (priorities and model rewrites, as in an objectives file), ``recorder``, ``registry`` and
     ``disable_subset_filter`` are what the corresponding ``llm-epp serve`` inputs are; ``pod_labels`` are the
     endpoints' labels (a prefill/decode pool's role labels); ``flow_observer`` sees what flow control does (the
-    metrics' view: queue times and outcomes)."""
+    metrics' view: queue times and outcomes). ``token_prompts`` sends each prompt as its token ids (what a
+    render endpoint would answer for its text), for plugins that need the engine's tokens
+    (``precise-prefix-cache-producer``)."""
 
     name = "llm-epp"
 
@@ -213,11 +215,13 @@ class EppRouter(Router):
         disable_subset_filter: bool = False,
         pod_labels: Sequence[Mapping[str, str]] | None = None,
         flow_observer: FlowControlObserver | None = None,
+        token_prompts: bool = False,
     ) -> None:
         if pod_labels is not None and len(pod_labels) != num_pods:
             raise ValueError(f"pod_labels names {len(pod_labels)} pods, the router has {num_pods}")
         self.scrape_interval = scrape_interval
         self._model = model
+        self._token_prompts = token_prompts
         self._clock: Callable[[], float] = lambda: 0.0
         source = seeded_random(seed)
         path = build_request_path(
@@ -257,7 +261,8 @@ class EppRouter(Router):
 
     async def route(self, request: RoutedRequest, now: float) -> int:
         prompt = request.prompt
-        body = orjson.dumps({"model": self._model, "prompt": prompt.text, "max_tokens": prompt.max_tokens})
+        text: str | list[int] = list(prompt.token_ids) if self._token_prompts else prompt.text
+        body = orjson.dumps({"model": self._model, "prompt": text, "max_tokens": prompt.max_tokens})
         headers = {":path": "/v1/completions", "content-type": "application/json", **request.headers}
         try:
             routed = await self._client.route(request.id, headers, body, request.subset)

@@ -13,6 +13,8 @@ vLLM has them; the peer routers' extras as in the team's peers notes):
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`, or
   :mod:`llm_epp.sim.sglang_metrics` for a pod with ``engine="sglang"``).
 * ``POST /tokenize``, ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``.
+* ``POST /reset_prefix_cache`` (vLLM's; 400 while requests run), which publishes ``AllBlocksCleared`` when
+  the pod publishes KV-cache events (``kv_events``, :mod:`llm_epp.sim.kv_events`).
 * ``GET /get_load`` (``{"load": N}`` as vllm-router reads it, or SGLang's per-rank list with
   ``load_format="sglang"``; the default for an SGLang pod), ``GET /server_info`` (alias
   ``/get_server_info``), ``GET /model_info`` (alias ``/get_model_info``); an SGLang pod answers the last
@@ -32,6 +34,7 @@ from llm_epp.sim import tokenizer
 from llm_epp.sim.disagg import RemotePrefill, is_remote_decode, prefill_kv_transfer_params
 from llm_epp.sim.engine import EventKind
 from llm_epp.sim.http import BadHTTPRequest, HTTPRequest, read_request
+from llm_epp.sim.kv_events import LiveKVEvents, PublisherConfig, kv_topic
 from llm_epp.sim.live import LivePod, LiveRequest
 
 __all__ = ["SimServer"]
@@ -61,8 +64,17 @@ def _token_text(index: int) -> str:
 class SimServer:
     """One HTTP server in front of one :class:`LivePod`."""
 
-    def __init__(self, pod: LivePod, *, host: str = "127.0.0.1", port: int = 0, load_format: str | None = None) -> None:
-        """``load_format`` None: ``"sglang"`` for an SGLang pod, else ``"vllm-router"``."""
+    def __init__(
+        self,
+        pod: LivePod,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        load_format: str | None = None,
+        kv_events: PublisherConfig | None = None,
+    ) -> None:
+        """``load_format`` None: ``"sglang"`` for an SGLang pod, else ``"vllm-router"``. ``kv_events``: publish
+        KV-cache events over ZMQ as vLLM does (:mod:`llm_epp.sim.kv_events`)."""
         if load_format is None:
             load_format = "sglang" if pod.engine_kind == "sglang" else "vllm-router"
         if load_format not in ("vllm-router", "sglang"):
@@ -74,6 +86,8 @@ class SimServer:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[Any]] = set()
         self._created = int(time.time())
+        self.kv_events_config = kv_events
+        self.kv_events: LiveKVEvents | None = None
 
     @property
     def name(self) -> str:
@@ -91,6 +105,13 @@ class SimServer:
         await self.pod.start()
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.kv_events_config is not None:
+            events = LiveKVEvents(self.pod, self.kv_events_config, kv_topic(self.address, self.pod.model))
+            try:
+                self.kv_events = await asyncio.to_thread(events.start)
+            except BaseException:
+                await self.stop()
+                raise
         return self
 
     async def stop(self) -> None:
@@ -103,6 +124,9 @@ class SimServer:
                 await asyncio.gather(*self._conns, return_exceptions=True)
             await server.wait_closed()
         await self.pod.stop()
+        events, self.kv_events = self.kv_events, None
+        if events is not None:
+            await asyncio.to_thread(events.stop)
 
     async def __aenter__(self) -> SimServer:
         return await self.start()
@@ -161,7 +185,7 @@ class SimServer:
     async def _dispatch(self, req: HTTPRequest, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
         path, method = req.path, req.method
         post_routes = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/completions/render",
-                       "/v1/chat/completions/render")  # fmt: skip
+                       "/v1/chat/completions/render", "/reset_prefix_cache")  # fmt: skip
         get_routes = ("/v1/models", "/health", "/metrics", "/get_load", "/server_info", "/get_server_info",
                       "/model_info", "/get_model_info")  # fmt: skip
         if (path in post_routes and method != "POST") or (path in get_routes and method != "GET"):
@@ -171,6 +195,10 @@ class SimServer:
             await self._completion(req, writer, keep_alive, chat=path == "/v1/chat/completions")
         elif path == "/metrics":
             self._send(writer, 200, pod.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
+        elif path == "/reset_prefix_cache":
+            if not pod.reset_prefix_cache():
+                raise HTTPError(400, "Failed to reset prefix cache: requests are running")
+            self._send(writer, 200, b"", "text/plain", keep_alive)
         elif path == "/health":
             self._send(writer, 200, b"", "text/plain", keep_alive)
         elif path == "/v1/models":

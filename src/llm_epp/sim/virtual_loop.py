@@ -7,6 +7,7 @@ CPU allows: ``asyncio.sleep``, ``asyncio.timeout``, ``call_at``, futures, queues
 meaning in simulated seconds, and a run is deterministic (callbacks due at the same instant run in the
 order they were scheduled, as on any loop).
 
+Work handed to the default executor (``asyncio.to_thread``) runs inline and takes no virtual time.
 Sockets and threads see wall time: the selector still polls real file descriptors, without blocking,
 while timers are pending, and blocks on them only when nothing at all is scheduled (a thread handing a
 result back through ``call_soon_threadsafe``).  A result that comes back from a thread therefore lands at
@@ -23,9 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 __all__ = ["VirtualClock", "VirtualEventLoop"]
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 _IDLE_WAIT = 30.0
 """Wall seconds the loop waits for a thread's answer when no timer and no task is left before it gives up."""
@@ -97,6 +103,22 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.clock.now
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[Unpack[_Ts]], _T], *args: *_Ts
+    ) -> asyncio.Future[_T]:
+        """With the default executor (``asyncio.to_thread``), runs ``func`` at once on the loop's thread: work
+        handed to a thread takes no virtual time and its result cannot lose a race against a virtual timer
+        (a plugin's PrepareData deadline would otherwise expire while the thread runs, since the loop does
+        not wait for threads while timers are pending). An explicit executor is used as given."""
+        if executor is not None:
+            return super().run_in_executor(executor, func, *args)
+        future: asyncio.Future[_T] = self.create_future()
+        try:
+            future.set_result(func(*args))
+        except BaseException as e:  # handed to the awaiting task, as the executor would
+            future.set_exception(e)
+        return future
 
     def idle_until(self, t: float) -> bool:
         """True when no callback is ready and no timer is due before virtual time ``t``: a caller inside a

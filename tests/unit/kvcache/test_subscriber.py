@@ -107,8 +107,8 @@ def test_live_events_gap_replay_restart_and_pod_removal(setup) -> None:
     pub.publish(3, stored([4], [1, 1, 1, 1]))
     wait_for(lambda: held(index, [1, 1, 1, 1]) == 1.0, "seq 3")
     assert held(index, [1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9]) == 3.0
-    assert pub.replay_requests == [1]
-    assert runner.stats.gaps == 1 and runner.stats.replayed == 2
+    assert pub.replay_requests == [0]  # from the last batch applied, to check it is still the same publisher
+    assert runner.stats.gaps == 1 and runner.stats.replayed == 2 and runner.stats.restarts == 0
     # malformed messages are counted; the thread carries on
     pub.pub.send_multipart([TOPIC, b"\x00"])
     pub.pub.send_multipart([TOPIC, b"\x00\x01", b"x"])
@@ -125,6 +125,37 @@ def test_live_events_gap_replay_restart_and_pod_removal(setup) -> None:
     wait_for(lambda: runner.subscribed() == [], "unsubscribe")
     assert index.pods() == []
     assert runner.running()
+
+
+def test_a_restart_whose_first_batches_were_lost_is_found_through_the_replay(setup) -> None:
+    """The engine restarts and its first batches go out before the subscriber is back: the next one it sees
+    carries a higher number than the last it applied (a gap, not a step back). The batch under the old
+    number differs, so the endpoint's old blocks are dropped and the new buffer is applied from 0."""
+    pub, index, runner = setup
+    source = PodSource(POD, f"tcp://127.0.0.1:{pub.port}", f"tcp://127.0.0.1:{pub.replay_port}")
+    runner.set_sources([source])
+    runner.start()
+    wait_for(lambda: runner.subscribed() == [POD], "subscription")
+    old = stored([1], [1, 2, 3, 4])
+    pub.publish(0, old)
+    while held(index, [1, 2, 3, 4]) == 0:
+        pub.pub.send_multipart([TOPIC, SEQ.pack(0), old])
+        time.sleep(0.05)
+    pub.publish(1, stored([2], [5, 6, 7, 8], parent=1))
+    wait_for(lambda: held(index, [1, 2, 3, 4, 5, 6, 7, 8]) == 2.0, "seq 1")
+    pub.buffer.clear()  # a new process: numbers from 0, seq 0 to 2 lost on the wire
+    pub.publish(0, stored([10], [3, 3, 3, 3]), send=False)
+    pub.publish(1, stored([11], [4, 4, 4, 4]), send=False)
+    pub.publish(2, stored([12], [6, 6, 6, 6]), send=False)
+    pub.publish(3, stored([13], [5, 5, 5, 5]))
+    wait_for(lambda: held(index, [5, 5, 5, 5]) == 1.0, "seq 3")
+    wait_for(
+        lambda: held(index, [3, 3, 3, 3]) == 1.0 and held(index, [4, 4, 4, 4]) == 1.0,
+        "new buffer applied",
+    )
+    assert runner.stats.restarts == 1 and held(index, [6, 6, 6, 6]) == 1.0
+    assert held(index, [1, 2, 3, 4]) == 0  # the old process's blocks are gone
+    assert pub.replay_requests == [1, 0]
 
 
 def test_a_late_subscriber_catches_up_through_replay(setup) -> None:

@@ -200,8 +200,13 @@ def test_settings_follow_the_upstream_parameters() -> None:
         engine_type="sglang",
         socket_port=5556,
         replay_socket_port=5558,
+        concurrency=8,
     )
     assert p.ttl() == 0.5
+    assert Params().settings().concurrency == 4  # upstream's default; 0 (Go's unset) means the same
+    assert Params.model_validate({"kvEventsConfig": {"concurrency": 0}}).settings().concurrency == 4
+    enabled = {"indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}}}
+    assert Params.model_validate(enabled).settings() == Params().settings()  # metrics are always exported
     assert Params().settings().block_size == 16 and Params().ttl() == 2.0
     central = Params.model_validate({"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557"}}).settings()
     assert central.zmq_endpoint == "tcp://*:5557" and not central.discover_pods
@@ -218,8 +223,23 @@ def test_settings_follow_the_upstream_parameters() -> None:
         ({"speculativeTTL": "soon"}, "invalid duration"),
         ({"kvEventsConfig": {"engineType": "trt"}}, "engineType"),
         ({"kvEventsConfig": {"unknown": 1}}, "unknown"),
+        ({"kvEventsConfig": {"concurrency": -1}}, "concurrency"),
+        ({"kvEventsConfig": {"concurrency": 10_000}}, "concurrency"),
+        ({"indexerConfig": {"kvBlockIndexConfig": {"metricsLoggingInterval": "1m"}}}, "not supported yet"),
     ],
-    ids=["redis", "cost-aware", "tokenizers-pool", "hash-algorithm", "block-size", "ttl", "engine", "unknown-key"],
+    ids=[
+        "redis",
+        "cost-aware",
+        "tokenizers-pool",
+        "hash-algorithm",
+        "block-size",
+        "ttl",
+        "engine",
+        "unknown-key",
+        "negative-concurrency",
+        "huge-concurrency",
+        "metrics-logging",
+    ],
 )
 def test_unsupported_or_bad_parameters_are_rejected(params: dict, message: str) -> None:
     with pytest.raises(PluginParamsError, match=message):

@@ -195,3 +195,53 @@ async def test_cli_endpoints_file(tmp_path: Path) -> None:
     finally:
         for s in servers:
             await s.stop()
+
+
+async def test_cli_pods_publish_kv_events_where_the_rank_convention_finds_them(tmp_path: Path) -> None:
+    import socket
+
+    from llm_epp.kvcache.index import KVBlockIndex
+    from llm_epp.kvcache.request_keys import RequestKeyHasher
+    from llm_epp.kvcache.subscriber import KVEventsRunner, sources_for
+
+    with socket.socket() as s1, socket.socket() as s2:  # probe two free ports for the bases
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        base, replay = s1.getsockname()[1], s2.getsockname()[1]
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["--pods", "1", "--time-scale", "0.01", "--kv-events-port", str(base), "--kv-events-replay-port", str(replay),
+         "--kv-events-encoding", "map"]
+    )  # fmt: skip
+    servers = await cli.start_pods(args)
+    index = KVBlockIndex(RequestKeyHasher(16))
+    runner = KVEventsRunner(index)
+    try:
+        path = tmp_path / "endpoints.yaml"
+        path.write_text(cli.endpoints_yaml(servers))
+        _pool, endpoints = parse_endpoints_file(path.read_text(), str(path))
+        assert [e.key.name for e in endpoints] == ["sim-rank-0"]
+        from llm_epp.framework.types import Endpoint
+
+        runner.set_sources(sources_for([Endpoint(e) for e in endpoints], base, replay))
+        runner.start()
+        prompt = "kv events " * 40
+        async with httpx.AsyncClient(timeout=10) as c:
+            for _ in range(100):  # until the subscription is through and a batch arrived
+                await c.post(f"{servers[0].url}/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+                if runner.stats.messages:
+                    break
+                await asyncio.sleep(0.05)
+        from llm_epp.sim import tokenizer
+
+        keys = index.hasher.keys(tokenizer.encode(prompt), "sim-model")
+        for _ in range(100):
+            if len(index.lookup(keys)) == len(keys):
+                break
+            await asyncio.sleep(0.05)
+        assert len(index.lookup(keys)) == len(keys) and index.pods() == [f"127.0.0.1:{servers[0].port}"]
+    finally:
+        runner.stop()
+        for s in servers:
+            await s.stop()

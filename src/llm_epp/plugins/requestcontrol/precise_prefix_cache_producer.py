@@ -48,7 +48,9 @@ Configuration:
     indexerConfig.kvBlockIndexConfig.inMemoryConfig.size (int, default 1e8): most keys kept (LRU).
     indexerConfig.kvBlockIndexConfig.inMemoryConfig.podCacheSize (int, default 10): most endpoints per key.
     indexerConfig.kvCacheBackendConfigs (list of {name, weight}, default gpu 1.0, cpu 0.8): medium weights.
-    indexerConfig: `redisConfig`, `costAwareMemoryConfig` and `enableMetrics: true` are not supported yet;
+    indexerConfig.kvBlockIndexConfig.enableMetrics (bool): the index and event counters are always exported
+        on the metrics port (`llm_d_router_epp_kv_cache_*`, see docs/metrics.md), so both values are accepted.
+    indexerConfig: `redisConfig`, `costAwareMemoryConfig` and `metricsLoggingInterval` are not supported yet;
         `tokenizersPoolConfig` is rejected as upstream does (configure a `token-producer`).
     kvEventsConfig.zmqEndpoint (string): bind here instead of dialling each endpoint.
     kvEventsConfig.topicFilter (string, default "kv@"): ZMQ subscription prefix.
@@ -56,8 +58,8 @@ Configuration:
     kvEventsConfig.discoverPods (bool, default true); podDiscoveryConfig.socketPort (int, default 5557),
         replaySocketPort (int, default 0 = no replay). podLabelSelector and podNamespace other than their
         defaults are not supported yet: endpoints come from the pool, as in llm-d's current producer.
-    kvEventsConfig.concurrency (int, default 4): accepted; one thread applies all events here, in order per
-        endpoint, so it has no further effect.
+    kvEventsConfig.concurrency (int, default 4; 0 means the default): threads applying decoded events to
+        the index, each endpoint always on the same thread so its events keep their order.
     speculativeIndexing (bool, default false); speculativeTTL (duration, default "2s").
 """
 
@@ -141,8 +143,11 @@ class KVBlockIndexConfig(_Strict):
             )
         if self.cost_aware_memory_config is not None:
             raise ValueError("kvBlockIndexConfig.costAwareMemoryConfig is not supported yet; use inMemoryConfig")
-        if self.enable_metrics or self.metrics_logging_interval:
-            raise ValueError("kvBlockIndexConfig.enableMetrics / metricsLoggingInterval are not supported yet")
+        if self.metrics_logging_interval:
+            raise ValueError(
+                "kvBlockIndexConfig.metricsLoggingInterval is not supported yet; the index's counters are always "
+                "exported on /metrics (enableMetrics)"
+            )
         return self
 
 
@@ -185,7 +190,7 @@ class PodDiscoveryConfig(_Strict):
 class KVEventsConfig(_Strict):
     zmq_endpoint: str = Field(default="", alias="zmqEndpoint")
     topic_filter: str = Field(default="kv@", alias="topicFilter")
-    concurrency: int = Field(default=4, ge=0)  # workers applying events: one here, in order per endpoint
+    concurrency: int = Field(default=4, ge=0, le=256)  # event-applying workers, sharded by endpoint
     engine_type: str = Field(default="vllm", alias="engineType")
     discover_pods: bool = Field(default=True, alias="discoverPods")
     pod_discovery_config: PodDiscoveryConfig | None = Field(default=None, alias="podDiscoveryConfig")
@@ -232,6 +237,7 @@ class Params(PluginParams):
             discover_pods=ev.discover_pods and not ev.zmq_endpoint,
             socket_port=pd.socket_port,
             replay_socket_port=max(0, pd.replay_socket_port),
+            concurrency=ev.concurrency or 4,
         )
 
     def ttl(self) -> float:
