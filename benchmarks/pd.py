@@ -13,7 +13,7 @@ length (5,000 / 250 tokens by default), arrivals at a constant rate.  On the sam
 
 and sweeps the input length (at a rate that keeps the prompt tokens offered per second the same), the load
 (aggregated vs always-disagg) and the KV transfer bandwidth.  Per run: TTFT, per-request mean ITL and E2E
-(mean, p50, p90), requests/s, output tokens/s, the share of requests split, and the KV bytes moved.
+(mean, p50, p90, p95), requests/s, output tokens/s, the share of requests split, and the KV bytes moved.
 
     python -m benchmarks.pd                 # the full sweep (a few minutes)
     python -m benchmarks.pd --smoke         # seconds: tiny profile, for the test suite
@@ -145,11 +145,14 @@ class Row:
     ttft_mean: float
     ttft_p50: float
     ttft_p90: float
+    ttft_p95: float
     itl_mean: float
     itl_p50: float
     itl_p90: float
+    itl_p95: float
     e2e_mean: float
     e2e_p90: float
+    e2e_p95: float
     kv_gb: float
     """KV-cache gigabytes moved from prefill to decode pods."""
     wall_s: float
@@ -219,11 +222,14 @@ def summarize(
         ttft_mean=_mean(ttft),
         ttft_p50=percentile(ttft, 50),
         ttft_p90=percentile(ttft, 90),
+        ttft_p95=percentile(ttft, 95),
         itl_mean=_mean(itl),
         itl_p50=percentile(itl, 50),
         itl_p90=percentile(itl, 90),
+        itl_p95=percentile(itl, 95),
         e2e_mean=_mean(e2e),
         e2e_p90=percentile(e2e, 90),
+        e2e_p95=percentile(e2e, 95),
         kv_gb=sum(r.kv_bytes for r in done) / 1e9,
         wall_s=wall,
         pods_used=used,
@@ -239,8 +245,8 @@ def _s(v: float) -> str:
 
 
 HEADER = (
-    "| mode | input | rate | GB/s | split | req/s | out tok/s | TTFT mean / p50 / p90 (ms) | "
-    "ITL mean / p50 / p90 (ms) | E2E mean / p90 (s) | KV moved (GB) | failed |\n"
+    "| mode | input | rate | GB/s | split | req/s | out tok/s | TTFT mean / p50 / p90 / p95 (ms) | "
+    "ITL mean / p50 / p90 / p95 (ms) | E2E mean / p90 / p95 (s) | KV moved (GB) | failed |\n"
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
@@ -248,8 +254,9 @@ HEADER = (
 def table_row(r: Row) -> str:
     return (
         f"| {r.mode} | {r.input_len} | {r.rate:.2f} | {r.bandwidth_gbps:g} | {r.split:.0%} | {r.req_per_s:.2f} | "
-        f"{r.output_tokens_per_s:,.0f} | {_ms(r.ttft_mean)} / {_ms(r.ttft_p50)} / {_ms(r.ttft_p90)} | "
-        f"{_ms(r.itl_mean)} / {_ms(r.itl_p50)} / {_ms(r.itl_p90)} | {_s(r.e2e_mean)} / {_s(r.e2e_p90)} | "
+        f"{r.output_tokens_per_s:,.0f} | {_ms(r.ttft_mean)} / {_ms(r.ttft_p50)} / {_ms(r.ttft_p90)} / "
+        f"{_ms(r.ttft_p95)} | {_ms(r.itl_mean)} / {_ms(r.itl_p50)} / {_ms(r.itl_p90)} / {_ms(r.itl_p95)} | "
+        f"{_s(r.e2e_mean)} / {_s(r.e2e_p90)} / {_s(r.e2e_p95)} | "
         f"{r.kv_gb:,.1f} | {r.failures} |"
     )
 
@@ -272,7 +279,8 @@ def report(
         f"{setup.output_len} output tokens, constant arrivals for {setup.duration:g} s at "
         f"{setup.load:,.0f} prompt tokens/s (rate = that / input length); seed {setup.seed}. KV transfer: "
         f"setup {setup.setup_latency * 1000:g} ms + bytes / bandwidth, no sharing between transfers. ITL is each "
-        "request's mean gap between output tokens; its p50/p90 are over requests.",
+        "request's mean gap between output tokens; its p50/p90/p95 are over requests (llm-d's P/D guide reports "
+        "mean and p95).",
         "",
         f"## Input length (KV bandwidth {setup.default_bandwidth_gbps:g} GB/s)",
         "",
