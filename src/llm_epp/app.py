@@ -195,7 +195,8 @@ def build(opts: Options) -> Components:
             log.info("k8s_notification_source_inactive source=%s: no Kubernetes discovery", o.source.typed_name)
         data_layer.object_events = []
     if kv_index.indexes():
-        register_kv_index_metrics(recorder.registry, kv_index.stats)
+        enabled = any(index.settings.enable_metrics for index in kv_index.indexes())
+        register_kv_index_metrics(recorder.registry, kv_index.stats, index_metrics=enabled)
     return Components(
         datastore,
         recorder,

@@ -42,6 +42,8 @@ class KVIndexSettings:
     socket_port: int = 5557
     replay_socket_port: int = 0  # 0: no replay
     concurrency: int = 4  # threads applying events, each endpoint always on the same one
+    enable_metrics: bool = False  # the index's admission/eviction counters on /metrics (kvBlockIndexConfig)
+    metrics_logging_interval: float = 0.0  # seconds between log lines of the index's counters; 0: none
 
 
 @dataclass(frozen=True, slots=True)

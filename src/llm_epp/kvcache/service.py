@@ -9,6 +9,7 @@ cancelled. Without that, an index starts its subscribers the first time its plug
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -19,6 +20,8 @@ from llm_epp.framework.types import Endpoint
 from llm_epp.kvcache.index import KVBlockIndex, longest_prefix
 from llm_epp.kvcache.request_keys import RequestKeyHasher
 from llm_epp.kvcache.subscriber import KVEventsRunner, sources_for
+
+log = logging.getLogger(__name__)
 
 __all__ = ["InMemoryKVIndex", "InMemoryKVIndexService", "KVIndexStats", "collect_stats"]
 
@@ -159,13 +162,36 @@ class InMemoryKVIndexService:
                 index.follow(endpoints)
 
     async def run(self, endpoints_fn: Callable[[], Sequence[Endpoint]], interval: float = 1.0) -> None:
-        """Follows the pool every `interval` seconds until cancelled, then stops every subscriber."""
+        """Follows the pool every `interval` seconds until cancelled, then stops every subscriber. Logs the
+        counters every `metrics_logging_interval` (the shortest one configured), if any."""
+        periods = [i.settings.metrics_logging_interval for i in self.indexes() if i.settings.metrics_logging_interval]
+        log_every = min(periods) if periods else 0.0
+        last_log = time.monotonic()
         try:
             while True:
                 self.follow(endpoints_fn())
-                await asyncio.sleep(interval)
+                if log_every and time.monotonic() - last_log >= log_every:
+                    last_log = time.monotonic()
+                    self.log_stats()
+                await asyncio.sleep(min(interval, log_every) if log_every else interval)
         finally:
             self.stop()
+
+    def log_stats(self) -> None:
+        s = self.stats()
+        log.info(
+            "kv_cache_index_metrics admissions=%d evictions=%d blocks=%d events_applied=%d subscribers=%d "
+            "malformed_messages=%d gaps=%d replayed=%d publisher_restarts=%d",
+            s.admissions,
+            s.evictions,
+            s.blocks,
+            s.events_applied,
+            s.subscribers,
+            s.malformed_messages,
+            s.gaps,
+            s.replayed,
+            s.restarts,
+        )
 
     def stop(self) -> None:
         with self._lock:

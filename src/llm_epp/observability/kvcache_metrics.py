@@ -22,12 +22,14 @@ OWN = "llm_epp_"
 
 
 class KVIndexCollector(Collector):
-    def __init__(self, stats: Callable[[], KVIndexStats]) -> None:
+    def __init__(self, stats: Callable[[], KVIndexStats], index_metrics: bool = True) -> None:
         self._stats = stats
+        self._index_metrics = index_metrics  # kvBlockIndexConfig.enableMetrics of some configured index
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
-        for prefix, deprecated in ((ROUTER + "kv_cache_index_", ""), ("kvcache_index_", "Deprecated. ")):
+        index_families = (ROUTER + "kv_cache_index_", ""), ("kvcache_index_", "Deprecated. ")
+        for prefix, deprecated in index_families if self._index_metrics else ():
             yield CounterMetricFamily(
                 prefix + "admissions", deprecated + "Total number of KV-block admissions", value=s.admissions
             )
@@ -89,7 +91,10 @@ class KVIndexCollector(Collector):
         yield GaugeMetricFamily(OWN + "kv_cache_index_blocks", "Block keys held by the index", value=s.blocks)
 
 
-def register_kv_index_metrics(registry: CollectorRegistry, stats: Callable[[], KVIndexStats]) -> KVIndexCollector:
-    collector = KVIndexCollector(stats)
+def register_kv_index_metrics(
+    registry: CollectorRegistry, stats: Callable[[], KVIndexStats], index_metrics: bool = True
+) -> KVIndexCollector:
+    """The subscriber metrics always; the index's admission/eviction counters when ``index_metrics``."""
+    collector = KVIndexCollector(stats, index_metrics)
     registry.register(collector)
     return collector

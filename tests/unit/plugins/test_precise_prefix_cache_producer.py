@@ -206,7 +206,10 @@ def test_settings_follow_the_upstream_parameters() -> None:
     assert Params().settings().concurrency == 4  # upstream's default; 0 (Go's unset) means the same
     assert Params.model_validate({"kvEventsConfig": {"concurrency": 0}}).settings().concurrency == 4
     enabled = {"indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}}}
-    assert Params.model_validate(enabled).settings() == Params().settings()  # metrics are always exported
+    assert Params.model_validate(enabled).settings().enable_metrics and not Params().settings().enable_metrics
+    for interval, seconds in ((6_000_000_000, 6.0), ("1m", 60.0), (0, 0.0)):  # Go nanoseconds or a duration
+        logged = {"indexerConfig": {"kvBlockIndexConfig": {"metricsLoggingInterval": interval}}}
+        assert Params.model_validate(logged).settings().metrics_logging_interval == seconds
     assert Params().settings().block_size == 16 and Params().ttl() == 2.0
     central = Params.model_validate({"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557"}}).settings()
     assert central.zmq_endpoint == "tcp://*:5557" and not central.discover_pods
@@ -225,7 +228,7 @@ def test_settings_follow_the_upstream_parameters() -> None:
         ({"kvEventsConfig": {"unknown": 1}}, "unknown"),
         ({"kvEventsConfig": {"concurrency": -1}}, "concurrency"),
         ({"kvEventsConfig": {"concurrency": 10_000}}, "concurrency"),
-        ({"indexerConfig": {"kvBlockIndexConfig": {"metricsLoggingInterval": "1m"}}}, "not supported yet"),
+        ({"indexerConfig": {"kvBlockIndexConfig": {"metricsLoggingInterval": "soon"}}}, "invalid duration"),
     ],
     ids=[
         "redis",

@@ -48,9 +48,12 @@ Configuration:
     indexerConfig.kvBlockIndexConfig.inMemoryConfig.size (int, default 1e8): most keys kept (LRU).
     indexerConfig.kvBlockIndexConfig.inMemoryConfig.podCacheSize (int, default 10): most endpoints per key.
     indexerConfig.kvCacheBackendConfigs (list of {name, weight}, default gpu 1.0, cpu 0.8): medium weights.
-    indexerConfig.kvBlockIndexConfig.enableMetrics (bool): the index and event counters are always exported
-        on the metrics port (`llm_d_router_epp_kv_cache_*`, see docs/metrics.md), so both values are accepted.
-    indexerConfig: `redisConfig`, `costAwareMemoryConfig` and `metricsLoggingInterval` are not supported yet;
+    indexerConfig.kvBlockIndexConfig.enableMetrics (bool, default false): export the index's admission and
+        eviction counters (`llm_d_router_epp_kv_cache_index_*` and the deprecated `kvcache_index_*`) on the
+        metrics port; the KV-event subscriber metrics are exported either way (see docs/metrics.md).
+    indexerConfig.kvBlockIndexConfig.metricsLoggingInterval (Go duration: nanoseconds as a number, or a
+        string such as "1m"; default 0 = off): log the index's counters at this interval.
+    indexerConfig: `redisConfig` and `costAwareMemoryConfig` are not supported yet;
         `tokenizersPoolConfig` is rejected as upstream does (configure a `token-producer`).
     kvEventsConfig.zmqEndpoint (string): bind here instead of dialling each endpoint.
     kvEventsConfig.topicFilter (string, default "kv@"): ZMQ subscription prefix.
@@ -143,12 +146,20 @@ class KVBlockIndexConfig(_Strict):
             )
         if self.cost_aware_memory_config is not None:
             raise ValueError("kvBlockIndexConfig.costAwareMemoryConfig is not supported yet; use inMemoryConfig")
-        if self.metrics_logging_interval:
-            raise ValueError(
-                "kvBlockIndexConfig.metricsLoggingInterval is not supported yet; the index's counters are always "
-                "exported on /metrics (enableMetrics)"
-            )
+        self.logging_interval()  # raises with a clear message
         return self
+
+    def logging_interval(self) -> float:
+        """`metricsLoggingInterval` in seconds (a Go duration: nanoseconds as a number, or "1m"); 0: off."""
+        value = self.metrics_logging_interval
+        if value is None or value == 0 or value == "":
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"kvBlockIndexConfig.metricsLoggingInterval: expected a duration, got {value!r}")
+        seconds = value / 1e9 if isinstance(value, int | float) else parse_go_duration(value)
+        if seconds < 0:
+            raise ValueError(f"kvBlockIndexConfig.metricsLoggingInterval must not be negative, got {value!r}")
+        return float(seconds)
 
 
 class BackendConfig(_Strict):
@@ -220,7 +231,8 @@ class Params(PluginParams):
     def settings(self) -> KVIndexSettings:
         tp = self.token_processor_config or TokenProcessorConfig()
         ix = self.indexer_config or IndexerConfig()
-        mem = (ix.kv_block_index_config and ix.kv_block_index_config.in_memory_config) or InMemoryConfig()
+        kb = ix.kv_block_index_config
+        mem = (kb and kb.in_memory_config) or InMemoryConfig()
         ev = self.kv_events_config or KVEventsConfig()
         pd = ev.pod_discovery_config or PodDiscoveryConfig()
         weights = {b.name.lower(): b.weight for b in ix.kv_cache_backend_configs or ()} or {"gpu": 1.0, "cpu": 0.8}
@@ -238,6 +250,8 @@ class Params(PluginParams):
             socket_port=pd.socket_port,
             replay_socket_port=max(0, pd.replay_socket_port),
             concurrency=ev.concurrency or 4,
+            enable_metrics=bool(kb and kb.enable_metrics),
+            metrics_logging_interval=kb.logging_interval() if kb else 0.0,
         )
 
     def ttl(self) -> float:
