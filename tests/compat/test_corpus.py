@@ -17,11 +17,6 @@ from llm_epp.plugins import builtin_registry
 
 CONFIGS = Path(__file__).parent / "configs"
 
-# upstream ignores a plugin in a profile that is no filter, scorer or picker (the llm-d precise guide lists
-# its `tokenizer` there); llm-epp's loader refuses it
-PROFILE_PRODUCER = "data producer listed in a profile"
-_PROFILE_PRODUCER = re.compile(r"pluginRef: '[^']+' \([^)]+\) is not a filter, scorer or picker$")
-
 GIE = "GIE v1.5.0"
 ROUTER = "llm-d-router v0.10"
 GUIDES = "llm-d guides"
@@ -48,8 +43,6 @@ def _blockers(problems: list[str]) -> tuple[set[str], list[str]]:
             missing.add(m.group(1) or m.group(2))
         elif m := _UNSUPPORTED_REF.search(p):
             missing.add(m.group(1))  # a parameter naming a producer that does not exist yet
-        elif _PROFILE_PRODUCER.search(p):
-            missing.add(PROFILE_PRODUCER)
         else:
             other.append(p)
     return missing, other

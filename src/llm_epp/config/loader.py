@@ -437,8 +437,11 @@ def _build(
                 # request control (before scheduling) wherever it is listed, as in the reference.
                 used = True
             if not used:
-                problems.append(
-                    f"{where}.plugins[{j}].pluginRef: {ref!r} ({types[ref]}) is not a filter, scorer or picker"
+                # Both reference EPPs skip a plugin of another kind in a profile (a parser, a profile handler):
+                # it keeps the role it is declared for and does nothing in the profile.
+                warnings.append(
+                    f"{where}.plugins[{j}].pluginRef: {ref!r} ({types[ref]}) is not a filter, scorer or picker; "
+                    "it does nothing in a profile (as in the reference EPPs): remove it from the profile"
                 )
         if len(pickers) > 1:
             names = ", ".join(p.typed_name.name for p in pickers)

@@ -538,22 +538,6 @@ ERROR_CASES = [
         id="two-profile-handlers",
     ),
     pytest.param(
-        _yaml(
-            """\
-            plugins:
-            - type: single-profile-handler
-            schedulingProfiles:
-            - name: p
-              plugins: [{pluginRef: single-profile-handler}]
-            """
-        ),
-        [
-            "schedulingProfiles[0].plugins[0].pluginRef: 'single-profile-handler' (single-profile-handler) "
-            "is not a filter, scorer or picker"
-        ],
-        id="profile-handler-in-a-profile",
-    ),
-    pytest.param(
         _yaml("featureGates: [dataLayer, fastPath]\n"),
         ["featureGates[1]: unknown feature gate 'fastPath'; known: dataLayer, enableLegacyMetrics, flowControl"],
         id="unknown-feature-gate",
@@ -768,3 +752,23 @@ def test_snake_case_keys_are_rejected_as_in_the_reference() -> None:
 def test_a_plugin_may_not_be_named_total() -> None:
     problems = _problems("plugins:\n- name: total\n  type: queue-scorer\n")
     assert any("reserved" in p for p in problems), problems
+
+
+def test_a_plugin_of_another_kind_in_a_profile_is_skipped_with_a_warning() -> None:
+    # both reference EPPs skip it: the plugin keeps its own role (here: the profile handler)
+    loaded = _load(
+        """\
+        plugins:
+        - type: single-profile-handler
+        - type: random-picker
+        schedulingProfiles:
+        - name: p
+          plugins: [{pluginRef: single-profile-handler}, {pluginRef: random-picker}]
+        """
+    )
+    [profile] = loaded.profiles
+    assert profile.filters == [] and profile.scorers == [] and profile.picker == "random-picker"
+    assert loaded.warnings == [
+        "schedulingProfiles[0].plugins[0].pluginRef: 'single-profile-handler' (single-profile-handler) is not a "
+        "filter, scorer or picker; it does nothing in a profile (as in the reference EPPs): remove it from the profile"
+    ]
