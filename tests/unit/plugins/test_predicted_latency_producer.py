@@ -171,7 +171,7 @@ async def test_errors_and_late_requests_do_not_train() -> None:
     p.response_complete(
         cycle2, req, ResponseInfo(status=200, streaming=True, complete=True, usage=Usage(1, 5, 6)), eps[0]
     )
-    assert p.predictor._queue.qsize() == 0 and p.predictor._thread is None
+    assert p.predictor._offered == 0 and p.predictor.version == 0  # nothing observed, nothing fitted
     p.close()
 
 
