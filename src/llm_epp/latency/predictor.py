@@ -274,8 +274,9 @@ class LatencyPredictor:
         self._maybe_fit()
 
     def _request_flush(self) -> None:
-        self._flush = True
-        self._maybe_fit()
+        if self._pending:  # what a refit in flight already covers needs no other
+            self._flush = True
+            self._maybe_fit()
 
     # --- introspection ---------------------------------------------------------------------------------
     @property
