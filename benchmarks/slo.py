@@ -23,8 +23,8 @@ Reported per configuration: interactive SLO attainment (TTFT <= SLO; a refused r
 TTFT p50/p90, batch completions and TTFT p50, goodput (requests per second that met their goal: interactive
 within the SLO, batch completed) and output tokens per second of those requests.
 
-The predictor trains on a real background thread while the simulation runs in virtual time, so how many
-refits happen per simulated second depends on the machine's speed: repeated runs differ slightly.
+The predictor refits on the request path's clock, virtual here, and its fits run inline at a fixed virtual
+instant, so a repeated run gives the same numbers (all but the wall time).
 
 Run: python -m benchmarks.slo [--seeds 1,2] [--duration 60] [--output benchmarks/results/slo.md]
 (`make bench-slo`; --smoke: the tiny profile and a few seconds, for `make bench-smoke`).

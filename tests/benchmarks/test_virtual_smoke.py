@@ -158,3 +158,20 @@ def test_slo_smoke_writes_a_row_per_configuration(tmp_path: Path) -> None:
     report = out.read_text()
     for config in CONFIGS:
         assert len(_table_rows(report, config)) == 1, config
+
+
+def test_slo_runs_in_virtual_time_repeat_exactly(tmp_path: Path) -> None:
+    """The online latency predictor refits on the virtual clock, so the same run twice gives the same
+    numbers (only the wall time differs). Full profile for 15 simulated seconds: long enough for a dozen
+    refits to steer requests."""
+    runs = []
+    for i in (1, 2):
+        out = tmp_path / f"run{i}" / "slo.md"
+        _run(
+            "benchmarks.slo", "--seeds", "1", "--duration", "15", "--configs", "predicted-latency-scorer",
+            "--output", str(out),
+        )  # fmt: skip
+        rows = json.loads(out.with_suffix(".json").read_text())["runs"]
+        runs.append([{k: v for k, v in row.items() if k != "wall"} for row in rows])
+    assert runs[0] == runs[1]
+    assert runs[0][0]["interactive"] > 100 and runs[0][0]["met"] > 0

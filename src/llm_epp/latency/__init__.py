@@ -2,8 +2,8 @@
 
 `LatencyPredictor` turns what the EPP knows when it schedules (endpoint metrics, prompt length, prefix-cache
 match, its own in-flight load) into predicted TTFT and TPOT, and learns from the latencies it observes on
-the requests it routes. Training runs on a background thread; the event loop only enqueues samples and
-reads the current (immutable) models."""
+the requests it routes. The event loop collects samples and reads the current (immutable) models; refits
+run in the loop's default executor, timed by the request path's clock."""
 
 from llm_epp.latency.features import Features
 from llm_epp.latency.model import RidgeModel, fit_ridge

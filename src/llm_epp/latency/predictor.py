@@ -1,10 +1,16 @@
-"""The online TTFT/TPOT predictor: samples in through a bounded queue, models fitted on a trainer thread.
+"""The online TTFT/TPOT predictor: samples collected on the event loop, models fitted in its executor.
 
 The event loop calls `predict` (a few dozen multiply-adds per endpoint over the current models) and
-`observe_ttft` / `observe_tpot` (a non-blocking enqueue; when the queue is full the sample is dropped and
-counted). One daemon thread drains the queue into a sliding window of recent samples and refits both
-models, at most once per `min_interval_s`; a new `_Models` object replaces the old one in a single
-assignment, so a reader sees either the old models or the new ones, never a mix.
+`observe_ttft` / `observe_tpot` (an append to a bounded list of waiting observations; when it is full the
+sample is dropped and counted). Refits follow the request path's clock (`clock`, the plugin handle's
+`now`): when `min_interval_s` has passed on it since the last refit and no refit is in flight, the waiting
+observations join a sliding window of recent samples and a copy of that window is fitted in the loop's
+default executor (`loop.run_in_executor(None, ...)`), so under `llm-epp serve` the fit runs on a worker
+thread and never blocks requests. When it completes, the loop publishes the new `_Models` in a single
+assignment, so a reader sees either the old models or the new ones, never a mix. In the simulator the
+clock is virtual and the default executor runs inline, so a refit happens at a fixed virtual instant and
+two runs of the same workload learn the same models. Used with no running event loop (a script, a test),
+the fit runs inline in the caller.
 
 With no observation yet there is no prediction (`predict` returns None) and callers fall back to what
 they do without predictions. With a few observations (fewer than `min_samples`) the prediction is the
@@ -13,14 +19,14 @@ fitted models answer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import queue
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from llm_epp.latency.features import Features, tpot_vector, ttft_vector
@@ -37,8 +43,8 @@ class PredictorSettings:
     # observations before the fitted models answer (the reference's LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH)
     min_samples: int = 10
     window: int = 2000  # most recent observations kept per target
-    queue_size: int = 10000  # observations waiting for the trainer; more are dropped
-    min_interval_s: float = 1.0  # at most one refit per interval (bounds the trainer's CPU and GIL use)
+    queue_size: int = 10000  # observations waiting for the next refit; more are dropped
+    min_interval_s: float = 1.0  # at most one refit per interval on the clock (bounds fitting CPU and GIL use)
     alpha: float = 1.0  # ridge penalty on standardized features
     quantile: float = 0.9  # residual quantile added to the mean: predictions are p90 estimates
     linear: bool = False  # raw features only (no interaction terms)
@@ -57,7 +63,7 @@ ENV_APPLIED = {
     "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "observations kept per target (window: the most recent ones)",
     "LATENCY_OBJECTIVE_TYPE": "quantile: p-quantile estimates (LATENCY_QUANTILE_ALPHA); mean: median residual",
     "LATENCY_QUANTILE_ALPHA": "the quantile of the estimates (0.5 <= q < 1)",
-    "LATENCY_MAX_SAMPLE_SIZE": "observations waiting for the trainer (queue_size)",
+    "LATENCY_MAX_SAMPLE_SIZE": "observations waiting for the next refit (queue_size)",
     "LATENCY_MODEL_TYPE": "bayesian_ridge: the in-process ridge model; xgboost / lightgbm: see model_type",
 }
 ENV_WITHOUT_EFFECT = {
@@ -148,19 +154,35 @@ class _Models:
     version: int = 0
     fit_thread: int = 0  # threading.get_ident() of the thread that fitted these models
     fit_seconds: float = 0.0
-    consumed: int = 0  # observations the trainer had taken from the queue when it fitted these
+    consumed: int = 0  # observations offered before these models, counting those dropped
+
+
+_Rows = tuple[tuple[Features, float], ...]
 
 
 class LatencyPredictor:
-    def __init__(self, settings: PredictorSettings | None = None) -> None:
+    """See the module docstring. `clock` (seconds) times the refits; everything but `wait_for_version`
+    and `wait_fitted` is meant for the event loop's thread."""
+
+    def __init__(self, settings: PredictorSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings or PredictorSettings()
+        self.clock = clock
         self._models = _Models()
-        self._queue: queue.Queue[tuple[int, Features, float] | None] = queue.Queue(self.settings.queue_size)
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
         self._published = threading.Condition()
         self._closed = False
-        self._offered = 0  # observations enqueued (event-loop side)
+        # event-loop side: observations waiting for the next refit, and the window the refits copy
+        self._pending: deque[tuple[int, Features, float]] = deque()
+        self._window: tuple[deque[tuple[Features, float]], deque[tuple[Features, float]]] = (
+            deque(maxlen=self.settings.window),
+            deque(maxlen=self.settings.window),
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._in_flight = False
+        self._flush = False  # refit what is waiting as soon as no refit is in flight, interval or not
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_fit = -math.inf
+        self._offered = 0  # observations accepted or dropped (event-loop side)
+        self._taken = 0  # of those, how many the last submitted refit accounts for
         self.dropped = 0
 
     # --- event-loop side ---------------------------------------------------------------------------
@@ -187,13 +209,74 @@ class LatencyPredictor:
     def _offer(self, kind: int, features: Features, value: float) -> None:
         if self._closed or not value >= 0.0 or value == float("inf"):
             return
-        self._ensure_thread()
-        try:
-            self._queue.put_nowait((kind, features, value))
-        except queue.Full:
+        if self._loop is None or self._loop.is_closed():
+            self._bind_loop()
+        self._offered += 1
+        if len(self._pending) >= self.settings.queue_size:
             self.dropped += 1
+            return
+        self._pending.append((kind, features, value))
+        self._maybe_fit()
+
+    def _bind_loop(self) -> None:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:  # a refit in flight on a closed loop will never report back
+            self._loop, self._in_flight, self._timer = loop, False, None
+
+    def _maybe_fit(self, arm: bool = True) -> None:
+        """Submits a refit when one is due; otherwise (with `arm`) sets a timer for when it will be."""
+        if self._in_flight or self._closed or not self._pending:
+            return
+        now = self.clock()
+        due_in = self._last_fit + self.settings.min_interval_s - now
+        if due_in <= 0 or self._flush:
+            self._submit(now)
+        elif arm and self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(due_in, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._maybe_fit(arm=False)  # the next observation sets a new timer if the clock has not moved enough
+
+    def _submit(self, now: float) -> None:
+        self._last_fit = now
+        self._flush = False
+        while self._pending:
+            kind, features, value = self._pending.popleft()
+            self._window[kind].append((features, value))
+        self._taken = self._offered
+        ttft_rows, tpot_rows = tuple(self._window[_TTFT]), tuple(self._window[_TPOT])
+        loop = self._loop
+        if loop is None:  # no event loop: fit in the caller
+            try:
+                models = self._fit(ttft_rows, tpot_rows, self._taken)
+            except Exception:  # a bad fit must not stop training: keep the old models
+                log.exception("latency_predictor_fit_failed")
+            else:
+                self._publish(models)
+            return
+        self._in_flight = True
+        future = loop.run_in_executor(None, self._fit, ttft_rows, tpot_rows, self._taken)
+        future.add_done_callback(self._fitted)
+
+    def _fitted(self, future: asyncio.Future[_Models]) -> None:
+        self._in_flight = False
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:  # a bad fit must not stop training: keep the old models
+            log.error("latency_predictor_fit_failed", exc_info=error)
         else:
-            self._offered += 1
+            self._publish(future.result())
+        self._maybe_fit()
+
+    def _request_flush(self) -> None:
+        if self._pending:  # what a refit in flight already covers needs no other
+            self._flush = True
+            self._maybe_fit()
 
     # --- introspection ---------------------------------------------------------------------------------
     @property
@@ -203,14 +286,29 @@ class LatencyPredictor:
 
     @property
     def fit_thread(self) -> int:
+        """`threading.get_ident()` of the thread that fitted the current models (0: none yet)."""
         return self._models.fit_thread
 
     @property
     def trained(self) -> bool:
         return self._models.ttft is not None
 
+    def _ask_for_flush(self) -> None:
+        """Has the observations that wait be fitted now, whatever the interval (for the waits below)."""
+        loop = self._loop
+        if loop is None:
+            self._request_flush()
+            return
+        try:
+            loop.call_soon_threadsafe(self._request_flush)
+        except RuntimeError:  # the loop is closed: nothing will publish any more
+            pass
+
     def wait_for_version(self, version: int, timeout: float) -> bool:
-        """Blocks (not for the event loop: run it in a thread) until models newer than `version` exist."""
+        """Blocks (not for the event loop: run it in a thread) until models newer than `version` exist;
+        observations waiting for a refit are fitted at once."""
+        if self._models.version <= version:
+            self._ask_for_flush()
         deadline = time.monotonic() + timeout
         with self._published:
             while self._models.version <= version:
@@ -222,8 +320,10 @@ class LatencyPredictor:
 
     def wait_fitted(self, timeout: float) -> bool:
         """Blocks (not for the event loop: run it in a thread) until every observation offered so far is
-        part of the published models (or medians)."""
+        part of the published models (or medians); observations waiting for a refit are fitted at once."""
         target = self._offered
+        if self._models.consumed < target:
+            self._ask_for_flush()
         deadline = time.monotonic() + timeout
         with self._published:
             while self._models.consumed < target:
@@ -234,69 +334,21 @@ class LatencyPredictor:
         return True
 
     def close(self) -> None:
+        """Stops training: later observations are ignored and no refit is submitted; a refit in flight
+        finishes in its executor."""
         self._closed = True
-        thread = self._thread
-        if thread is not None:
+        self._pending.clear()
+        timer, self._timer = self._timer, None
+        if timer is not None:
             try:
-                self._queue.put_nowait(None)
-            except queue.Full:
+                timer.cancel()
+            except RuntimeError:
                 pass
-            thread.join(timeout=2.0)
 
-    # --- trainer thread ------------------------------------------------------------------------------
-    def _ensure_thread(self) -> None:
-        if self._thread is not None:
-            return
-        with self._start_lock:
-            if self._thread is None:
-                thread = threading.Thread(target=self._train_loop, name="latency-predictor-trainer", daemon=True)
-                thread.start()
-                self._thread = thread
-
-    def _train_loop(self) -> None:
-        s = self.settings
-        samples: tuple[deque[tuple[Features, float]], deque[tuple[Features, float]]] = (
-            deque(maxlen=s.window),
-            deque(maxlen=s.window),
-        )
-        fresh = 0
-        consumed = 0
-        last_fit = 0.0
-        while True:
-            try:
-                wait = max(last_fit + s.min_interval_s - time.monotonic(), 0.0) if fresh else None
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                item = ()  # type: ignore[assignment]
-            if item is None:
-                return
-            while item:
-                if item is None:
-                    return
-                kind, features, value = item
-                samples[kind].append((features, value))
-                fresh += 1
-                consumed += 1
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            now = time.monotonic()
-            if fresh and now - last_fit >= s.min_interval_s:
-                try:
-                    self._publish(samples, consumed)
-                except Exception:  # a bad fit must not stop training: keep the old models
-                    log.exception("latency_predictor_fit_failed")
-                fresh = 0
-                last_fit = time.monotonic()
-
-    def _publish(
-        self, samples: tuple[deque[tuple[Features, float]], deque[tuple[Features, float]]], consumed: int
-    ) -> None:
+    # --- the fit (in the executor) ---------------------------------------------------------------------
+    def _fit(self, ttft_rows: _Rows, tpot_rows: _Rows, consumed: int) -> _Models:
         s = self.settings
         t0 = time.perf_counter()
-        old = self._models
-        ttft_rows, tpot_rows = samples
         ttft = tpot = None
         if len(ttft_rows) >= s.min_samples:
             ttft = fit_ridge(
@@ -306,16 +358,18 @@ class LatencyPredictor:
             tpot = fit_ridge(
                 [tpot_vector(f, s.linear) for f, _ in tpot_rows], [v for _, v in tpot_rows], s.alpha, s.quantile
             )
-        models = _Models(
+        return _Models(
             ttft=ttft,
             tpot=tpot,
             ttft_median=statistics.median(v for _, v in ttft_rows) if ttft_rows else None,
             tpot_median=statistics.median(v for _, v in tpot_rows) if tpot_rows else None,
-            version=old.version + 1,
             fit_thread=threading.get_ident(),
             fit_seconds=time.perf_counter() - t0,
             consumed=consumed,
         )
+
+    # --- event-loop side again -------------------------------------------------------------------------
+    def _publish(self, models: _Models) -> None:
         with self._published:
-            self._models = models
+            self._models = replace(models, version=self._models.version + 1)
             self._published.notify_all()

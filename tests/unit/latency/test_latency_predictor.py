@@ -1,5 +1,6 @@
-"""The online latency predictor: it learns a known relationship, answers sensibly with few samples, and
-fits its models on its trainer thread, never on the caller's (event-loop) thread."""
+"""The online latency predictor: it learns a known relationship, answers sensibly with few samples, fits
+its models in the event loop's executor (never on the loop's thread on a real loop) and refits on the
+clock it is given, so two runs of one virtual-time workload learn exactly the same models."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from llm_epp.latency import Features, LatencyPredictor, PredictorSettings, fit_ridge
 from llm_epp.latency.features import ttft_vector
 from llm_epp.latency.predictor import settings_from_env
+from llm_epp.sim.virtual_loop import VirtualEventLoop
 
 
 def true_ttft(f: Features) -> float:
@@ -63,7 +65,8 @@ def mape(p: LatencyPredictor, seed: int) -> tuple[float, float]:
 
 
 def test_learns_a_known_relationship_on_held_out_samples() -> None:
-    p = LatencyPredictor(settings())
+    # no event loop: fits run in the caller; a clock that stands still fits once, then once on wait_fitted
+    p = LatencyPredictor(settings(), clock=lambda: 0.0)
     try:
         train(p, 1500)
         assert p.trained
@@ -114,31 +117,37 @@ def test_few_samples_give_the_observed_median_not_a_fit() -> None:
         p.close()
 
 
-def test_bad_observations_are_ignored_and_a_full_queue_drops() -> None:
+def test_bad_observations_are_ignored_and_a_degenerate_fit_is_sane() -> None:
     p = LatencyPredictor(PredictorSettings(queue_size=1, min_samples=2, window=2))
-    try:
-        f = Features(0.1, 100, 0, 1)
-        p.observe_ttft(f, float("nan"))
-        p.observe_ttft(f, -1.0)
-        p.observe_ttft(f, float("inf"))
-        assert p._queue.qsize() == 0 and p._thread is None
-        # a single identical sample repeated: a degenerate fit must not crash or publish nonsense
-        p2 = LatencyPredictor(settings(min_samples=2))
-        for _ in range(20):
-            p2.observe_ttft(f, 50.0)
-        assert p2.wait_for_version(0, 5.0)
-        while p2._models.ttft is None:
-            assert p2.wait_for_version(p2.version, 5.0)
-        pred = p2.predict(Features(0.5, 3000, 3, 3))
-        assert pred is not None and abs(pred.ttft_ms - 50.0) < 1.0
-        p2.close()
-        with p._start_lock:  # hold the trainer from starting: fill the one-slot queue
-            p._thread = threading.current_thread()
-            p.observe_ttft(f, 1.0)
-            p.observe_ttft(f, 2.0)
-        assert p.dropped == 1
-    finally:
-        p._thread = None
+    f = Features(0.1, 100, 0, 1)
+    p.observe_ttft(f, float("nan"))
+    p.observe_ttft(f, -1.0)
+    p.observe_ttft(f, float("inf"))
+    assert not p._pending and p.version == 0 and p.predict(f) is None
+    # a single identical sample repeated: a degenerate fit must not crash or publish nonsense
+    p2 = LatencyPredictor(settings(min_samples=2))
+    for _ in range(20):
+        p2.observe_ttft(f, 50.0)
+    assert p2.wait_for_version(0, 5.0)
+    while p2._models.ttft is None:
+        assert p2.wait_for_version(p2.version, 5.0)
+    pred = p2.predict(Features(0.5, 3000, 3, 3))
+    assert pred is not None and abs(pred.ttft_ms - 50.0) < 1.0
+    p2.close()
+
+
+async def test_observations_beyond_the_queue_size_are_dropped_and_counted() -> None:
+    p = LatencyPredictor(PredictorSettings(queue_size=2, min_samples=2, window=5, min_interval_s=0.0))
+    f = Features(0.1, 100, 0, 1)
+    p.observe_ttft(f, 1.0)  # submits a refit; its result comes back only once the loop runs again
+    for ms in (2.0, 3.0, 4.0, 5.0):
+        p.observe_ttft(f, ms)  # wait behind the refit in flight: two fit the queue, two are dropped
+    assert len(p._pending) == 2 and p.dropped == 2
+    assert await asyncio.to_thread(p.wait_fitted, 5.0)
+    assert p._models.ttft_median == 2.0 and not p._pending  # the median of 1, 2 and 3
+    p.close()
+    p.observe_ttft(f, 9.0)  # closed: ignored
+    assert not p._pending and p.dropped == 2
 
 
 async def test_training_runs_off_the_event_loop_thread() -> None:
@@ -147,13 +156,50 @@ async def test_training_runs_off_the_event_loop_thread() -> None:
     rnd = random.Random(5)
     for _ in range(40):
         f = sample(rnd)
-        p.observe_ttft(f, true_ttft(f))  # returns at once: only an enqueue
-    assert await asyncio.to_thread(p.wait_for_version, 0, 5.0)
-    while p._models.ttft is None:
-        assert await asyncio.to_thread(p.wait_for_version, p.version, 5.0)
+        p.observe_ttft(f, true_ttft(f))  # returns at once: an append, at most a submission to the executor
+    assert await asyncio.to_thread(p.wait_fitted, 5.0)
+    assert p.trained and p._models.consumed == 40
     assert p.fit_thread not in (0, loop_thread)
-    assert p._thread is not None and p.fit_thread == p._thread.ident
     p.close()
+
+
+def _virtual_run(seed: int) -> tuple[list[tuple[float, float, int]], LatencyPredictor, float]:
+    """Observations and predictions at random virtual instants; the refit interval is in virtual seconds."""
+    loop = VirtualEventLoop()
+    p = LatencyPredictor(settings(min_samples=5, min_interval_s=0.5, quantile=0.9), clock=loop.time)
+    seen: list[tuple[float, float, int]] = []
+    probe = Features(kv_cache=0.5, input_tokens=2000, waiting=2, running=6)
+
+    async def drive() -> None:
+        rnd = random.Random(seed)
+        for _ in range(400):
+            f = sample(rnd)
+            p.observe_ttft(f, true_ttft(f) * rnd.uniform(0.8, 1.2))
+            p.observe_tpot(f, true_tpot(f) * rnd.uniform(0.8, 1.2))
+            await asyncio.sleep(rnd.expovariate(50.0))
+            pred = p.predict(probe)
+            assert pred is not None
+            seen.append((pred.ttft_ms, pred.tpot_ms, p.version))
+        await asyncio.sleep(2.0)  # nothing observed any more: what still waits is fitted once the interval passes
+
+    try:
+        loop.run_until_complete(drive())
+        return seen, p, loop.time()
+    finally:
+        p.close()
+        loop.close()
+
+
+def test_two_virtual_time_runs_learn_the_same_models() -> None:
+    first, p1, span = _virtual_run(11)
+    second, p2, _ = _virtual_run(11)
+    assert first == second  # every prediction, and the refit it came from, identical
+    assert p1.version == p2.version and p1._models.consumed == p2._models.consumed == 800
+    # refits follow the virtual clock (the runs take a few wall milliseconds): about one per 0.5 s of it
+    active = span - 2.0  # the last 2 s saw no observation: one refit by timer
+    assert active / 0.5 - 1 <= p1.version <= active / 0.5 + 2
+    assert p1.fit_thread == threading.get_ident()  # the virtual loop runs its default executor inline
+    assert _virtual_run(12)[0] != first  # and the predictions do depend on the observations
 
 
 def test_settings_are_checked() -> None:

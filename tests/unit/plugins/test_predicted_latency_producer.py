@@ -18,6 +18,7 @@ from llm_epp.plugins.requestcontrol.predicted_latency_producer import (
     LATENCY_PREDICTIONS_KEY,
     Params,
     PredictedLatencyProducer,
+    factory,
     slo_ms,
 )
 from tests.unit.builders import FakeHandle, endpoint, key, request
@@ -171,8 +172,22 @@ async def test_errors_and_late_requests_do_not_train() -> None:
     p.response_complete(
         cycle2, req, ResponseInfo(status=200, streaming=True, complete=True, usage=Usage(1, 5, 6)), eps[0]
     )
-    assert p.predictor._queue.qsize() == 0 and p.predictor._thread is None
+    assert p.predictor._offered == 0 and p.predictor.version == 0  # nothing observed, nothing fitted
     p.close()
+
+
+def test_the_predictor_refits_on_the_handles_clock() -> None:
+    """Virtual in the simulator, so refits happen at fixed virtual instants; with the scorer's factory too."""
+    from llm_epp.plugins.scheduling import predicted_latency_scorer
+
+    handle = FakeHandle()
+    producer = factory("p", Params(), handle)
+    scorer = predicted_latency_scorer.factory("s", predicted_latency_scorer.Params(), handle)
+    default = PredictedLatencyProducer(handle=handle)
+    handle.clock = 42.5
+    assert producer.predictor.clock() == scorer.predictor.clock() == default.predictor.clock() == 42.5
+    for plugin in (producer, scorer, default):
+        plugin.close()
 
 
 def test_parameters() -> None:

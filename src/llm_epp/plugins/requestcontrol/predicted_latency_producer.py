@@ -5,8 +5,8 @@ Scheduling intent:
     token (TPOT), compare them with the request's SLOs and publish the result, so `latency-scorer`,
     `slo-headroom-tier-filter` and `latency-slo-admitter` can steer requests to endpoints that meet their
     SLOs. The predictor is trained online from the latencies of the requests this EPP routes (a ridge
-    regression refitted on a background thread; see docs/latency-prediction.md). Until it has seen any
-    response nothing is published and the consumers behave as without predictions.
+    regression refitted off the event loop, on the request path's clock; see docs/latency-prediction.md).
+    Until it has seen any response nothing is published and the consumers behave as without predictions.
 
 Inputs consumed:
     Endpoint metrics (KV-cache utilization, waiting and running requests), the EPP's in-flight load per
@@ -187,8 +187,8 @@ class PredictedLatencyProducer:
         self.params = params or Params()
         # per instance, so two producers (or a producer and predicted-latency-scorer) keep apart
         self._context_key: StateKey[_RequestContext] = StateKey(f"{TYPE}.request/{name}")
-        self.predictor = predictor or LatencyPredictor(PredictorSettings())
         self._clock = handle.now if handle is not None else time.monotonic
+        self.predictor = predictor or LatencyPredictor(PredictorSettings(), clock=self._clock)
         recorder = handle.recorder if handle is not None else None
         self._metrics: LatencyRecorder | None = recorder if isinstance(recorder, LatencyRecorder) else None
         # endpoint -> request id -> TPOT SLO (ms) of the requests in flight there that carry one
@@ -411,14 +411,15 @@ class PredictedLatencyProducer:
         self.predictor.close()
 
 
-def predictor_from_env(plugin: str) -> LatencyPredictor:
+def predictor_from_env(plugin: str, handle: Handle) -> LatencyPredictor:
     """A predictor configured from the reference's LATENCY_* environment variables (see
-    `llm_epp.latency.predictor.settings_from_env`); a malformed value is a configuration error."""
+    `llm_epp.latency.predictor.settings_from_env`), refitting on the handle's clock (virtual in the
+    simulator); a malformed value is a configuration error."""
     settings, notes = settings_from_env(os.environ, PredictorSettings())
     for note in notes:
         log.warning("latency_predictor_setting_ignored plugin=%s %s", plugin, note)
-    return LatencyPredictor(settings)
+    return LatencyPredictor(settings, clock=handle.now)
 
 
 def factory(name: str, params: Params, handle: Handle) -> PredictedLatencyProducer:
-    return PredictedLatencyProducer(name, params, handle, predictor_from_env(name))
+    return PredictedLatencyProducer(name, params, handle, predictor_from_env(name, handle))

@@ -361,4 +361,4 @@ class PredictedLatencyScorer:
 
 
 def factory(name: str, params: Params, handle: Handle) -> PredictedLatencyScorer:
-    return PredictedLatencyScorer(name, params, handle, producer.predictor_from_env(name))
+    return PredictedLatencyScorer(name, params, handle, producer.predictor_from_env(name, handle))
