@@ -41,7 +41,7 @@ proto: $(STAMP)
 bench-smoke: $(STAMP)  # every benchmark at a tiny size, checked for well-formed output (< 3 min; also in `make test`)
 	$(BIN)/pytest -q tests/benchmarks
 
-bench-slo: $(STAMP)  # SLO attainment and goodput, mixed interactive/batch workload, 4 EPP configs in virtual time (~10 min)
+bench-slo: $(STAMP)  # SLO attainment and goodput, mixed interactive/batch workload, 4 EPP configs in virtual time (~1 min)
 	nice -n 10 $(BIN)/python -m benchmarks.slo
 
 bench-quality: $(STAMP)  # routing quality in virtual time: 8 pods x 6 routers, then 32 and 128 pods (~45 min)
