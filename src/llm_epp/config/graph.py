@@ -6,7 +6,9 @@ those declarations alone the loader
   producer (`DEFAULT_PRODUCERS`, as llm-d-router's `RegisterAsDefaultProducer`), created transitively.
   The producer is built with the parameters of a consumer whose Params model extends the producer's
   (GIE passes `prefix-cache-scorer`'s parameters to the approx producer it creates), else with none;
-- rejects a consumed key that nothing can produce;
+- rejects a consumed key that nothing can produce. A key `data/name` is the data of the producer
+  instance named `name` (a consumer's `...ProducerName` parameter): only that instance publishes it, and a
+  producer of the same type under another name does not stand in for the default one;
 - orders the plugins so every producer runs before its consumers (GIE's `data_graph.go`), rejecting
   cycles and producers whose extension point runs after their consumer's (a scorer cannot feed
   PrepareData).
@@ -69,6 +71,15 @@ def add_missing_producers(
         for key, consumers in missing.items():
             who = ", ".join(f"{c!r} ({types[c]})" for c in consumers)
             producer_type = default_producers.get(key)
+            data, _, producer = key.partition("/")
+            if producer_type is None and producer:
+                problems.append(
+                    f"plugins: {who} reads {data!r} from the producer named {producer!r}, but no declared "
+                    f"plugin named {producer!r} produces it; declare that producer under `plugins` with "
+                    f"`name: {producer}`, or correct the producer name"
+                )
+                given_up.add(key)
+                continue
             if producer_type is None:
                 problems.append(
                     f"plugins: {who} consumes {key!r}, which no configured plugin produces and no plugin type "
@@ -76,7 +87,7 @@ def add_missing_producers(
                 )
                 given_up.add(key)
                 continue
-            same_type = [n for n, t in types.items() if t == producer_type]
+            same_type = [n for n, t in types.items() if t == producer_type and n == producer_type]
             if same_type:
                 problems.append(
                     f"plugins: {who} consumes {key!r}; its default producer {producer_type!r} is configured "

@@ -64,7 +64,7 @@ def req(
 
 
 def producer(handle: FakeHandle | None = None, **params: Any) -> ApproxPrefixCacheProducer:
-    return ApproxPrefixCacheProducer("p", Params.model_validate(params), handle or FakeHandle())
+    return ApproxPrefixCacheProducer(mod.TYPE, Params.model_validate(params), handle or FakeHandle())
 
 
 def result(primary: Endpoint, prefill: Endpoint | None = None, primary_name: str = "default") -> SchedulingResult:
@@ -571,7 +571,8 @@ def test_identity_and_extension_points() -> None:
     plugin = mod.factory("custom", Params(), FakeHandle())
     assert plugin.typed_name == TypedName(mod.TYPE, "custom")
     assert isinstance(plugin, PrepareData) and isinstance(plugin, PreRequest)
-    assert plugin.produces == {PREFIX_MATCH_KEY.name}
+    assert plugin.produces == {"prefix-cache-match-info/custom"}  # a named instance publishes its own key
+    assert mod.factory(mod.TYPE, Params(), FakeHandle()).produces == {PREFIX_MATCH_KEY.name}
 
 
 def test_defaults_are_the_references() -> None:

@@ -171,12 +171,14 @@ def test_identity_category_and_hooks() -> None:
     assert isinstance(scorer, PreRequest)
 
 
-def test_prefix_match_info_producer_name_may_name_only_a_prefix_producer() -> None:
+def test_prefix_match_info_producer_name_must_be_a_plugin_name() -> None:
     from llm_epp.framework.registry import PluginParamsError
     from llm_epp.plugins import builtin_registry
 
     registry = builtin_registry()
     params = registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"})
     assert params.prefix_match_info_producer_name == "approx-prefix-cache-producer"
-    with pytest.raises(PluginParamsError, match="not supported yet"):
-        registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "my-prefix-producer"})
+    named = registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "my-prefix-producer"})
+    assert named.prefix_match_info_producer_name == "my-prefix-producer"  # checked against `plugins` on load
+    with pytest.raises(PluginParamsError, match="is not a plugin name"):
+        registry.parse_params("no-hit-lru-scorer", {"prefixMatchInfoProducerName": "cpu/prefix"})

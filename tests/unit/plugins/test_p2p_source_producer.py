@@ -100,7 +100,7 @@ def test_spread_fraction_is_fnv1a_32() -> None:
     ("raw", "problem"),
     [
         ({"minCachedTokenDelta": 0}, "greater than or equal to 1"),
-        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "cpu/prefix"}, "is not a plugin name"),
     ],
     ids=["delta", "precise"],
 )

@@ -146,7 +146,7 @@ def test_ttft_load_gate(tokens: dict[str, int], penalty_ms: float, expected: lis
         ({"peakPrefillThroughput": 0}, "peakPrefillThroughput must be > 0"),
         ({"peakPrefillThroughput": -1}, "greater than or equal to 0"),
         ({"latencyPredictionInfoProducerName": "my-latency"}, "not supported yet"),
-        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "cpu/prefix"}, "is not a plugin name"),
     ],
     ids=["unknown-source", "zero-throughput", "negative-throughput", "predictor-name", "precise"],
 )

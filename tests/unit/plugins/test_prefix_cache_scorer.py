@@ -167,9 +167,9 @@ def test_match_length_is_capped_at_the_scale() -> None:
         ({"matchLengthWeight": 1.5}, "less than or equal to 1"),
         ({"matchLengthWeight": -0.1}, "greater than or equal to 0"),
         ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0}, "matchLengthScaleTokens must be > 0"),
-        ({"prefixMatchInfoProducerName": "my-prefix-producer"}, "not supported yet"),
+        ({"prefixMatchInfoProducerName": "cpu/prefix"}, "is not a plugin name"),
     ],
-    ids=["weight-above-1", "negative-weight", "zero-scale", "precise-producer"],
+    ids=["weight-above-1", "negative-weight", "zero-scale", "not-a-name"],
 )
 def test_bad_scorer_parameters(raw: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValidationError, match=problem):

@@ -27,8 +27,11 @@ Configuration:
     threshold (int >= 0, default 0) and hashBlockSize (int > 0, default 64, characters): the v0.5 rule;
         rejected together with an explicit deciderPluginName.
     primaryPort (int, default 0 = off; 1-65535).
-    prefixPluginType, prefixPluginName, prefixMatchInfoProducerName (strings): accepted for upstream
-        configurations; llm-epp has one prefix match per request, from the configured prefix producer.
+    prefixPluginType, prefixPluginName (strings): accepted for upstream configurations, unused.
+    prefixMatchInfoProducerName (string, default ""): the `name` of the declared prefix producer instance
+        whose match the v0.5 rule (`threshold` > 0) reads; empty (or `approx-prefix-cache-producer`) reads
+        the default producer's. A name no declared prefix producer has is rejected when the configuration
+        loads if the rule is in use. A decider reads the default producer's match.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llm_epp.framework import (
     CycleState,
@@ -47,6 +50,7 @@ from llm_epp.framework import (
     ProfileResult,
     Recorder,
     SchedulingResult,
+    StateKey,
     TypedName,
 )
 from llm_epp.framework.scheduling import ProfileView
@@ -64,7 +68,12 @@ from llm_epp.plugins.disagg.common import (
     set_disagg_headers,
 )
 from llm_epp.plugins.disagg.ports import first_hostport, with_port
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    PREFIX_MATCH_KEY,
+    PrefixMatch,
+    check_prefix_producer_name,
+    prefix_match_key,
+)
 
 TYPE = "pd-profile-handler"
 DEFAULT_DECIDER = "prefix-based-pd-decider"
@@ -83,6 +92,8 @@ class Params(PluginParams):
     prefix_plugin_type: str = Field(default="prefix-cache-scorer", alias="prefixPluginType")
     prefix_plugin_name: str = Field(default="", alias="prefixPluginName")
     prefix_match_info_producer_name: str = Field(default="", alias="prefixMatchInfoProducerName")
+
+    _producer_name = field_validator("prefix_match_info_producer_name")(check_prefix_producer_name)
 
     @model_validator(mode="after")
     def _one_rule(self) -> Params:
@@ -111,8 +122,10 @@ class PdProfileHandler:
         threshold: int = 0,
         hash_block_size: int = DEFAULT_HASH_BLOCK_SIZE,
         primary_port: int = 0,
+        match_key: StateKey[PrefixMatch] = PREFIX_MATCH_KEY,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = match_key
         self._recorder = recorder
         self.decode_profile = decode_profile
         self.prefill_profile = prefill_profile
@@ -133,14 +146,14 @@ class PdProfileHandler:
             if required or self.decider_required:
                 return required
         if self.threshold > 0:
-            return frozenset({PREFIX_MATCH_KEY.name})
+            return frozenset({self.match_key.name})
         return frozenset()
 
     def _legacy_rule(self, cycle: CycleState, request: InferenceRequest, endpoint: Endpoint) -> bool:
         if self.threshold == 0:
             return True
         chars = prompt_chars(request)
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         matched = match.matched_blocks(endpoint.key) if match is not None else 0
         hit_chars = min(max(matched - 1, 0) * self.hash_block_size, chars)
         return chars - hit_chars >= self.threshold
@@ -223,4 +236,5 @@ def factory(name: str, params: Params, handle: Handle) -> PdProfileHandler:
         params.threshold,
         params.hash_block_size,
         params.primary_port,
+        prefix_match_key(params.prefix_match_info_producer_name),
     )

@@ -16,7 +16,11 @@ Scheduling intent:
     endpoint that misses a block in the middle still counts the later blocks it holds (possible only
     after LRU eviction), so a count is "blocks held within the commonly held prefix", not strictly
     "leading blocks held by this endpoint". The result goes into the request's CycleState under
-    `PREFIX_MATCH_KEY`; a consumer's score is matched blocks / total blocks.
+    `PREFIX_MATCH_KEY` when the producer has its default name (its type name), else under its own key
+    `prefix-cache-match-info/<name>`, read by consumers whose `prefixMatchInfoProducerName` is that name.
+    So two producers with different names (say a small LRU standing for GPU memory and a large one for a
+    CPU offload tier) keep independent indexes, each fed by its own PreRequest; a consumer's score is
+    matched blocks / total blocks.
 
     PreRequest: the request's hashes are added to the LRU of the primary profile's first target endpoint
     and, when a profile named `prefill` produced a target, of its first target too (reference P/D hook).
@@ -145,14 +149,31 @@ PREFIX_MATCH_KEY: StateKey[PrefixMatch] = StateKey("prefix-cache-match-info")
 PRECISE_PRODUCER = "precise-prefix-cache-producer"
 
 
+def prefix_match_key(producer_name: str) -> StateKey[PrefixMatch]:
+    """Where the prefix producer named `producer_name` leaves its `PrefixMatch` (a consumer's
+    `prefixMatchInfoProducerName`). `""` and the approximate producer's type name, the name it gets when the
+    configuration leaves it unnamed, select the shared `PREFIX_MATCH_KEY`; any other name selects that
+    instance's own key, `prefix-cache-match-info/<name>`, which the loader requires some declared producer
+    to publish."""
+    if producer_name in ("", TYPE):
+        return PREFIX_MATCH_KEY
+    key = _NAMED_MATCH_KEYS.get(producer_name)
+    if key is None:  # one key object per name: the CycleState matches keys by identity
+        key = _NAMED_MATCH_KEYS.setdefault(producer_name, StateKey(f"{PREFIX_MATCH_KEY.name}/{producer_name}"))
+    return key
+
+
+_NAMED_MATCH_KEYS: dict[str, StateKey[PrefixMatch]] = {}
+"""Producer name -> its key; names come from configurations only, so this stays small."""
+
+
 def check_prefix_producer_name(value: str) -> str:
-    """Validates a consumer's `prefixMatchInfoProducerName`. llm-epp keeps one prefix match per request,
-    written by whichever prefix producer the configuration has (the approximate or the precise one), so the
-    parameter may name one of those two (or be left out)."""
-    if value and value not in (TYPE, PRECISE_PRODUCER):
+    """Validates a consumer's `prefixMatchInfoProducerName`: the name of a declared prefix producer instance
+    (whether one by that name exists is checked by the loader's data graph), or empty for the default."""
+    if value != value.strip() or "/" in value:
         raise ValueError(
-            f"prefixMatchInfoProducerName {value!r} is not supported yet: llm-epp's prefix matches come from "
-            f"{TYPE} or {PRECISE_PRODUCER} (under their type names); leave the parameter out or name one of them"
+            f"prefixMatchInfoProducerName {value!r} is not a plugin name: give the `name` of a declared "
+            f"{TYPE} or {PRECISE_PRODUCER} plugin, or leave the parameter out for the default"
         )
     return value
 
@@ -559,11 +580,12 @@ class PrefixIndex:
 class ApproxPrefixCacheProducer:
     """PrepareData + PreRequest; see the module docstring."""
 
-    produces = frozenset({PREFIX_MATCH_KEY.name})
     consumes: frozenset[str] = frozenset()
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = prefix_match_key(name)
+        self.produces = frozenset({self.match_key.name})
         self.params = params
         self._handle = handle
         self.index = PrefixIndex()
@@ -615,10 +637,10 @@ class ApproxPrefixCacheProducer:
 
     async def prepare_data(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         self.housekeeping()
-        cycle.write(PREFIX_MATCH_KEY, self.compute(request, endpoints))
+        cycle.write(self.match_key, self.compute(request, endpoints))
 
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         primary = result.primary
         if match is None or primary is None or not primary.target_endpoints:
             return

@@ -10,7 +10,8 @@ Scheduling intent:
     primary pick), and never names the computing endpoint itself.
 
 Inputs consumed:
-    The request's `PrefixMatch` (from `approx-prefix-cache-producer`): cached tokens of an endpoint =
+    The request's `PrefixMatch` (from the default prefix producer, or from the one
+    `prefixMatchInfoProducerName` names): cached tokens of an endpoint =
     matched blocks x block size in tokens. Endpoint.metrics.waiting_queue_size. The SchedulingResult.
     The header only has an effect where the routing sidecar and vLLM's OffloadingConnector with a `p2p`
     tier consume it.
@@ -18,7 +19,9 @@ Inputs consumed:
 Configuration:
     minCachedTokenDelta (int >= 1, default 1): how many more cached tokens the peer must hold.
     prefillProfileName (string, default `prefill`): the profile whose pick computes the prompt.
-    prefixMatchInfoProducerName (string, default ""): only `approx-prefix-cache-producer` is supported.
+    prefixMatchInfoProducerName (string, default ""): the `name` of the declared prefix producer instance
+        whose match to read; empty (or `approx-prefix-cache-producer`) reads the default producer's. A name
+        no declared prefix producer has is rejected when the configuration loads.
 
 Outputs produced:
     REQUEST_HEADERS_KEY[`x-kv-cache-source-host-port`] = `ip:port` of the peer, in PreRequest.
@@ -43,9 +46,9 @@ from llm_epp.framework import (
 )
 from llm_epp.framework.requestcontrol import REQUEST_HEADERS_KEY
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
-    PREFIX_MATCH_KEY,
     PrefixMatch,
     check_prefix_producer_name,
+    prefix_match_key,
 )
 
 TYPE = "p2p-source-producer"
@@ -80,11 +83,11 @@ def _cached_tokens(match: PrefixMatch, endpoint: Endpoint) -> int:
 
 
 class P2pSourceProducer:
-    consumes = frozenset({PREFIX_MATCH_KEY.name})
-
     def __init__(self, name: str = TYPE, params: Params | None = None) -> None:
         params = params or Params()
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = prefix_match_key(params.prefix_match_info_producer_name)
+        self.consumes = frozenset({self.match_key.name})
         self.min_delta = params.min_cached_token_delta
         self.prefill_profile = params.prefill_profile_name or DEFAULT_PREFILL_PROFILE
         self._candidates: StateKey[tuple[Endpoint, ...]] = StateKey(f"{TYPE}/{name}/candidates")
@@ -117,7 +120,7 @@ class P2pSourceProducer:
         cycle.write(self._candidates, tuple(endpoints))
 
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         candidates = cycle.read(self._candidates)
         best = self.best_peer(match, request.request_id, candidates or ())
         if best is None or match is None:

@@ -13,7 +13,9 @@ Scheduling intent:
     best medium holding it (`kvCacheBackendConfigs`, default gpu 1.0, cpu 0.8). The result goes to the
     CycleState twice: `PRECISE_MATCH_KEY` (weighted, for `precise-prefix-cache-scorer`) and
     `PREFIX_MATCH_KEY` (unweighted leading blocks held, for `prefix-cache-scorer`, `no-hit-lru-scorer`,
-    `prefix-cache-affinity-filter` and P/D deciders). A request without tokens gets neither.
+    `prefix-cache-affinity-filter` and P/D deciders), and the unweighted record once more under
+    `prefix-cache-match-info/<name>` for consumers whose `prefixMatchInfoProducerName` names this
+    instance. A request without tokens gets none of them.
 
     The index keys blocks by keys the EPP computes itself from the token ids in each BlockStored event,
     chained from the parent block's key (found through the engine's hash), so neither the engine's hash
@@ -91,7 +93,12 @@ from llm_epp.framework.datalayer import AttributeUpdates, EndpointEvent
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, PrefixLookup, kv_index_service
 from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFILL_PROFILE, PREFIX_MATCH_KEY, PrefixMatch
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    PREFILL_PROFILE,
+    PREFIX_MATCH_KEY,
+    PrefixMatch,
+    prefix_match_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,11 +291,12 @@ PRECISE_MATCH_KEY: StateKey[PreciseMatch] = StateKey("precise-prefix-cache-match
 class PrecisePrefixCacheProducer:
     """PrepareData + PreRequest; see the module docstring."""
 
-    produces = frozenset({PRECISE_MATCH_KEY.name, PREFIX_MATCH_KEY.name})
     consumes = frozenset({TOKENIZED_PROMPT_KEY.name})
 
     def __init__(self, name: str, params: Params, handle: Handle, index: KVBlockIndexView | None = None) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.own_match_key = prefix_match_key(name)
+        self.produces = frozenset({PRECISE_MATCH_KEY.name, PREFIX_MATCH_KEY.name, self.own_match_key.name})
         self.params = params
         self._handle = handle
         self.index = index if index is not None else kv_index_service().open(name, params.settings())
@@ -351,7 +359,9 @@ class PrecisePrefixCacheProducer:
         match = PreciseMatch(tuple(keys), weighted, self.index.block_size)
         cycle.write(PRECISE_MATCH_KEY, match)
         counts = {by_addr[a]: n for a, n in found.blocks.items() if a in by_addr}
-        cycle.write(PREFIX_MATCH_KEY, PrefixMatch(match.keys, counts, match.block_size_tokens))
+        prefix = PrefixMatch(match.keys, counts, match.block_size_tokens)
+        cycle.write(PREFIX_MATCH_KEY, prefix)
+        cycle.write(self.own_match_key, prefix)
         return match
 
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:

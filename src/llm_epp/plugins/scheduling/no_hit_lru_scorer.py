@@ -16,16 +16,17 @@ Scheduling intent:
     profile named `prefill`) becomes the most recently used.
 
 Inputs consumed:
-    The request's `PrefixMatch` in the CycleState (from `approx-prefix-cache-producer`); the
-    SchedulingResult (PreRequest).
+    The request's `PrefixMatch` in the CycleState (from the default prefix producer, or from the one
+    `prefixMatchInfoProducerName` names); the SchedulingResult (PreRequest).
 
 Configuration:
     lruSize (int, default 1024; <= 0 means the default): how many endpoints the LRU remembers.
     prefixPluginType, prefixPluginName (strings, default `prefix-cache-scorer`): accepted for llm-d
         compatibility. llm-d's current scorer ignores them as well (it reads the match info endpoint
         attribute); here the match always comes from the CycleState.
-    prefixMatchInfoProducerName (string, default ""): the producer whose match to read; only
-        `approx-prefix-cache-producer` is supported.
+    prefixMatchInfoProducerName (string, default ""): the `name` of the declared prefix producer instance
+        whose match to read; empty (or `approx-prefix-cache-producer`) reads the default producer's. A name
+        no declared prefix producer has is rejected when the configuration loads.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ from llm_epp.framework import (
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
     PREFILL_PROFILE,
     PREFIX_MATCH_KEY,
+    PrefixMatch,
     check_prefix_producer_name,
+    prefix_match_key,
 )
 
 TYPE = "no-hit-lru-scorer"
@@ -69,10 +72,13 @@ class Params(PluginParams):
 
 class NoHitLruScorer:
     category = ScorerCategory.DISTRIBUTION
-    consumes = frozenset({PREFIX_MATCH_KEY.name})
 
-    def __init__(self, name: str = TYPE, lru_size: int = DEFAULT_LRU_SIZE) -> None:
+    def __init__(
+        self, name: str = TYPE, lru_size: int = DEFAULT_LRU_SIZE, match_key: StateKey[PrefixMatch] = PREFIX_MATCH_KEY
+    ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = match_key
+        self.consumes = frozenset({match_key.name})
         self.lru_size = lru_size if lru_size > 0 else DEFAULT_LRU_SIZE
         self._lru: OrderedDict[EndpointKey, None] = OrderedDict()  # oldest first
         self._cold_key: StateKey[bool] = StateKey(f"{TYPE}/{name}/cold")
@@ -88,7 +94,7 @@ class NoHitLruScorer:
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[EndpointKey, float]:
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         cold = match is None or not any(match.matches.get(e.key, 0) > 0 for e in endpoints)
         cycle.write(self._cold_key, cold)
         if not cold:
@@ -128,4 +134,4 @@ class NoHitLruScorer:
 
 
 def factory(name: str, params: Params, handle: Handle) -> NoHitLruScorer:
-    return NoHitLruScorer(name, params.lru_size)
+    return NoHitLruScorer(name, params.lru_size, prefix_match_key(params.prefix_match_info_producer_name))

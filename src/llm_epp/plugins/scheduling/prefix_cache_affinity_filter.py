@@ -31,7 +31,9 @@ Configuration:
         comes from.
     peakPrefillThroughput (float >= 0 tokens/s, default 15928, calibrated upstream for Qwen3-32B on
         2 x H100 TP=2): must be > 0 when the gate uses `prefillThroughput`.
-    prefixMatchInfoProducerName (default ""): only `approx-prefix-cache-producer` is supported.
+    prefixMatchInfoProducerName (default ""): the `name` of the declared prefix producer instance whose
+        match the filter reads; empty (or `approx-prefix-cache-producer`) reads the default producer's. A
+        name no declared prefix producer has is rejected when the configuration loads.
     inFlightLoadProducerName (default ""): the `inflight-load-producer` whose tokens the gate reads. It must
         name a declared `inflight-load-producer` (or be `inflight-load-producer`); other names are refused
         when the configuration loads. llm-epp keeps one in-flight account per endpoint (in the core), which
@@ -48,8 +50,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llm_epp.framework import CycleState, Endpoint, Handle, InferenceRequest, PluginParams, TypedName
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, check_prefix_producer_name
+from llm_epp.framework import CycleState, Endpoint, Handle, InferenceRequest, PluginParams, StateKey, TypedName
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    PREFIX_MATCH_KEY,
+    PrefixMatch,
+    check_prefix_producer_name,
+    prefix_match_key,
+)
 from llm_epp.plugins.requestcontrol.predicted_latency_producer import LATENCY_PREDICTIONS_KEY
 from llm_epp.plugins.requestcontrol.predicted_latency_producer import TYPE as LATENCY_PRODUCER
 
@@ -87,8 +94,6 @@ class Params(PluginParams):
 
 
 class PrefixCacheAffinityFilter:
-    consumes = frozenset({PREFIX_MATCH_KEY.name})
-
     def __init__(
         self,
         name: str = TYPE,
@@ -98,15 +103,18 @@ class PrefixCacheAffinityFilter:
         max_ttft_penalty_ms: float = 0.0,
         peak_prefill_throughput: float = DEFAULT_PEAK_PREFILL_THROUGHPUT,
         ttft_source: str = "prefillThroughput",
+        match_key: StateKey[PrefixMatch] = PREFIX_MATCH_KEY,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = match_key
+        self.consumes = frozenset({match_key.name})
         self.affinity_threshold = affinity_threshold
         self.exploration_probability = exploration_probability
         self.max_ttft_penalty_ms = max_ttft_penalty_ms
         self.peak_prefill_throughput = peak_prefill_throughput
         self.use_predictions = ttft_source == "latencyPredictor"
         if self.use_predictions and max_ttft_penalty_ms > 0:
-            self.consumes = frozenset({PREFIX_MATCH_KEY.name, LATENCY_PREDICTIONS_KEY.name})
+            self.consumes = frozenset({match_key.name, LATENCY_PREDICTIONS_KEY.name})
         self._rng = rng or random.Random()
 
     @property
@@ -119,7 +127,7 @@ class PrefixCacheAffinityFilter:
             return endpoints
         if self._rng.random() < self.exploration_probability:
             return endpoints
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         if match is None or not match.total_blocks or not match.matches:
             return endpoints  # every score is 0, below any positive threshold
         total = match.total_blocks
@@ -156,4 +164,5 @@ def factory(name: str, params: Params, handle: Handle) -> PrefixCacheAffinityFil
         peak_prefill_throughput=params.peak_prefill_throughput,
         rng=handle.rng(name),
         ttft_source=params.ttft_source,
+        match_key=prefix_match_key(params.prefix_match_info_producer_name),
     )

@@ -9,8 +9,9 @@ Scheduling intent:
     so a long cached prefix beats a short prompt that happens to match completely.
 
 Inputs consumed:
-    The request's `PrefixMatch` in the CycleState (`PREFIX_MATCH_KEY`), written by
-    `approx-prefix-cache-producer` in PrepareData.
+    The request's `PrefixMatch` in the CycleState, written by a prefix producer in PrepareData: the shared
+    `PREFIX_MATCH_KEY` (the default `approx-prefix-cache-producer`, or a `precise-prefix-cache-producer`),
+    or, with `prefixMatchInfoProducerName`, the named producer's own key.
 
 Configuration:
     The producer's parameters (autoTune, blockSizeTokens, blockSize, maxPrefixBlocksToMatch,
@@ -21,8 +22,11 @@ Configuration:
     matchLengthWeight (float in [0, 1], default 0): weight of the absolute match length (0: ratio only).
     matchLengthScaleTokens (int, default 8192; > 0 when matchLengthWeight > 0): the match length, in
         tokens, that counts as fully long.
-    prefixMatchInfoProducerName (string, default ""): the producer whose match to read:
-        `approx-prefix-cache-producer` or `precise-prefix-cache-producer`.
+    prefixMatchInfoProducerName (string, default ""): the `name` of the declared prefix producer instance
+        (`approx-prefix-cache-producer` or `precise-prefix-cache-producer` type) whose match to read. Empty
+        or `approx-prefix-cache-producer` reads the default producer's (created when missing); any other
+        name must be declared under `plugins`, else the configuration is rejected. Two scorers naming two
+        approximate producers of different capacities score against two independent indexes.
 """
 
 from __future__ import annotations
@@ -31,9 +35,23 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from llm_epp.framework import CycleState, Endpoint, EndpointKey, Handle, InferenceRequest, ScorerCategory, TypedName
+from llm_epp.framework import (
+    CycleState,
+    Endpoint,
+    EndpointKey,
+    Handle,
+    InferenceRequest,
+    ScorerCategory,
+    StateKey,
+    TypedName,
+)
 from llm_epp.plugins.requestcontrol import approx_prefix_cache_producer as producer
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, check_prefix_producer_name
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    PREFIX_MATCH_KEY,
+    PrefixMatch,
+    check_prefix_producer_name,
+    prefix_match_key,
+)
 
 TYPE = "prefix-cache-scorer"
 
@@ -69,15 +87,17 @@ class Params(producer.Params):
 
 class PrefixCacheScorer:
     category = ScorerCategory.AFFINITY
-    consumes = frozenset({PREFIX_MATCH_KEY.name})
 
     def __init__(
         self,
         name: str = TYPE,
         match_length_weight: float = 0.0,
         match_length_scale_tokens: int = DEFAULT_MATCH_LENGTH_SCALE_TOKENS,
+        match_key: StateKey[PrefixMatch] = PREFIX_MATCH_KEY,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.match_key = match_key
+        self.consumes = frozenset({match_key.name})
         self.match_length_weight = match_length_weight
         self.match_length_scale_tokens = match_length_scale_tokens
 
@@ -88,7 +108,7 @@ class PrefixCacheScorer:
     def score(
         self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Mapping[EndpointKey, float]:
-        match = cycle.read(PREFIX_MATCH_KEY)
+        match = cycle.read(self.match_key)
         if match is None or not match.total_blocks or not match.matches:
             return dict.fromkeys((e.key for e in endpoints), 0.0)
         total = match.total_blocks
@@ -106,4 +126,9 @@ class PrefixCacheScorer:
 
 
 def factory(name: str, params: Params, handle: Handle) -> PrefixCacheScorer:
-    return PrefixCacheScorer(name, params.match_length_weight, params.match_length_scale_tokens)
+    return PrefixCacheScorer(
+        name,
+        params.match_length_weight,
+        params.match_length_scale_tokens,
+        prefix_match_key(params.prefix_match_info_producer_name),
+    )
