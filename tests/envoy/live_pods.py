@@ -126,6 +126,8 @@ plugins:
     vllm: {{url: "{self.render.url}"}}
 - type: precise-prefix-cache-producer
   parameters:
+    indexerConfig:
+      kvBlockIndexConfig: {{enableMetrics: true}}
     kvEventsConfig:
       concurrency: 2
       podDiscoveryConfig: {{socketPort: {self.zmq_base}, replaySocketPort: {self.replay_base}}}
