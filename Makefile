@@ -28,7 +28,7 @@ imports: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 test: lint typecheck imports unit
 
