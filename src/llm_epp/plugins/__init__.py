@@ -56,6 +56,7 @@ from llm_epp.plugins.parsers import (
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
     approx_prefix_cache_producer,
+    burst_prefix_cache_producer,
     destination_endpoint_served_verifier,
     inflight_load_producer,
     latency_slo_admitter,
@@ -200,18 +201,14 @@ _MODULES = (
     predicted_latency_scorer,
     mm_embeddings_cache_producer,
     mm_embeddings_cache_scorer,
+    burst_prefix_cache_producer,
 )
 
-_PRECISE = "precise prefix-cache routing and tokenization"
 _MULTI = "multi-cluster routing"
 
 UNSUPPORTED: dict[str, str] = {
     "disaggregatedset-rollout-pod-extractor": "a Pod notification extractor that llm-d-router's rollout screener "
     "registers itself; llm-epp's disaggregatedset-rollout-screener counts the pool's endpoints and needs none",
-    **dict.fromkeys(
-        ("burst-prefix-cache-producer",),
-        _PRECISE,
-    ),
     **dict.fromkeys(
         (
             "multicluster-approx-prefix-cache-producer",
