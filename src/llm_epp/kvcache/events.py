@@ -281,8 +281,10 @@ def decode_seq(frame: bytes) -> int | None:
 
 
 def parse_topic(topic: str) -> tuple[str, str]:
-    """(pod id, model) from `kv@<pod>@<model>`; (topic, "") when it has another shape."""
-    parts = topic.split("@")
+    """(pod id, model) from `kv@<pod>@<model>`; (topic, "") when it has another shape. Anything from a NUL
+    byte on is metadata, not topic: an SGLang publisher with a snapshot endpoint appends
+    `\x00sgl-kv-epoch=<id>` (and on snapshot barriers `\x00sgl-kv-snapshot=<id>`) to the configured topic."""
+    parts = topic.split("\x00", 1)[0].split("@")
     if len(parts) == 3:
         return parts[1], parts[2]
     return topic, ""
