@@ -249,9 +249,11 @@ schedulingProfiles:
 """
 
 
-def _precise_cluster(delay: float) -> tuple[Cluster, EppRouter, VirtualKVEvents]:
+def _precise_cluster(
+    delay: float, options: KVEventsOptions | None = None
+) -> tuple[Cluster, EppRouter, VirtualKVEvents]:
     cluster = Cluster(TINY, 4)
-    events = VirtualKVEvents(lambda: cluster.clock, delay=delay, model=SIM_MODEL)
+    events = VirtualKVEvents(lambda: cluster.clock, delay=delay, model=SIM_MODEL, options=options or KVEventsOptions())
     install_kv_index_service(events)
     try:
         router = EppRouter(4, _precise_config(), token_prompts=True)
@@ -267,8 +269,9 @@ def _prompt(text: str, group: int) -> Prompt:
     return Prompt(group=group, index=0, text=text, token_ids=tokenizer.encode(text), max_tokens=2)
 
 
-def test_virtual_cluster_routes_follow_ups_to_the_pod_holding_their_blocks() -> None:
-    cluster, router, events = _precise_cluster(delay=0.05)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_virtual_cluster_routes_follow_ups_to_the_pod_holding_their_blocks(engine: str) -> None:
+    cluster, router, events = _precise_cluster(delay=0.05, options=KVEventsOptions(engine=engine))
     base = ["alpha " * 60, "bravo " * 60, "charlie " * 60]
     first = cluster.run_trace([TraceRequest(i * 0.5, _prompt(b, i)) for i, b in enumerate(base)], router)
     home = {r.group: r.pod for r in first}
