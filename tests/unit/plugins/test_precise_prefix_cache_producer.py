@@ -130,6 +130,17 @@ async def test_image_blocks_match_only_requests_with_the_same_image() -> None:
     assert mm_block_extras((MultiModalFeature("image", "x", 0, 0),), 4, 16) is None  # no placeholder range
 
 
+@pytest.mark.parametrize(("backends", "weight"), [(None, 1.0), ([{"name": "CPU_PINNED", "weight": 0.5}], 0.5)])
+async def test_sglang_tiers_weigh_as_configured(backends: list[dict] | None, weight: float) -> None:
+    """SGLang's host tier is `CPU_PINNED`: not a default backend, so it weighs 1.0 (as upstream) until a
+    kvCacheBackendConfigs entry names it (matched case-insensitively)."""
+    indexer = {"kvCacheBackendConfigs": backends} if backends else {}
+    plugin, index = make({"tokenProcessorConfig": {"blockSizeTokens": 4}, "indexerConfig": indexer})
+    feed(index, A.hostport, ["BlockStored", [-5, -6], None, list(range(8)), 4, None, "CPU_PINNED"])
+    match = (await produce(plugin, range(8))).read(PRECISE_MATCH_KEY)
+    assert match is not None and match.weighted == {A.key: pytest.approx(2 * weight)}
+
+
 async def test_no_tokens_no_match_info() -> None:
     plugin, _ = make()
     cycle = CycleState()
