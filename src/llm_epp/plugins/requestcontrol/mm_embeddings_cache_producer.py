@@ -17,7 +17,12 @@ Scheduling intent:
     listed under reports the endpoint deleted, and every 2 minutes (checked from PrepareData) for
     endpoints no longer in the pool.
 
-    Not exported: the reference's `encoder_cache_*` metrics.
+    Metrics (as the reference's, on the EPP's `/metrics`): `llm_d_epp_encoder_cache_queries_total`
+    {plugin_type, plugin_name, modality} per item looked up, `llm_d_epp_encoder_cache_hits_total`
+    {plugin_type, plugin_name, pod, modality} per item an endpoint's LRU holds (every endpoint with an LRU,
+    not only the candidates), and the histogram `llm_d_epp_encoder_cache_hit_ratio` {plugin_type,
+    plugin_name} of matched / request items per candidate. `modality` is `image`, `video`, `audio` or
+    `other`; `pod` only names endpoints with an LRU (dropped with it).
 
 Inputs consumed:
     The CycleState's `TokenizedPrompt` (`mm_features`), written by `token-producer` (created by the loader
@@ -60,6 +65,33 @@ MB_PER_ITEM = 2  # the reference's fixed assumption: one tracked item stands for
 CLEANUP_INTERVAL_S = 120.0
 
 _MATCH_KEYS: dict[str, StateKey[EncoderCacheMatch]] = {}
+MODALITIES = frozenset({"image", "video", "audio"})
+HIT_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class EncoderCacheStats:
+    """Counters behind the producer's metrics. Mutated on the event loop; read at scrape time."""
+
+    __slots__ = ("hits", "queries", "ratio_buckets", "ratio_count", "ratio_sum")
+    bounds = HIT_RATIO_BUCKETS
+
+    def __init__(self) -> None:
+        self.queries: dict[str, int] = {}  # modality -> lookups
+        self.hits: dict[tuple[EndpointKey, str], int] = {}  # (endpoint, modality) -> lookups found
+        self.ratio_buckets = [0] * len(HIT_RATIO_BUCKETS)  # observations <= each bound
+        self.ratio_count = 0
+        self.ratio_sum = 0.0
+
+    def observe_ratio(self, ratio: float) -> None:
+        self.ratio_count += 1
+        self.ratio_sum += ratio
+        for i, bound in enumerate(HIT_RATIO_BUCKETS):
+            if ratio <= bound:
+                self.ratio_buckets[i] += 1
+
+    def forget(self, key: EndpointKey) -> None:
+        for k in [k for k in self.hits if k[0] == key]:
+            del self.hits[k]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +155,7 @@ class MmEmbeddingsCacheProducer:
         self._handle = handle
         self._items_key: StateKey[tuple[MatchItem, ...]] = StateKey(f"mm-embeddings-cache-items/{name}")
         self.caches: dict[EndpointKey, OrderedDict[str, None]] = {}
+        self.encoder_cache_stats = EncoderCacheStats()
         self._next_cleanup = float("-inf")
 
     @property
@@ -137,17 +170,24 @@ class MmEmbeddingsCacheProducer:
         by_hash: dict[str, MatchItem] = {}
         for feature in prompt.mm_features:
             if feature.hash:
-                by_hash[feature.hash] = MatchItem(feature.hash, feature.modality)
+                modality = feature.modality if feature.modality in MODALITIES else "other"
+                by_hash[feature.hash] = MatchItem(feature.hash, modality)
         items = tuple(by_hash.values())
         if not items:
             return
+        stats = self.encoder_cache_stats
+        for item in items:
+            stats.queries[item.modality] = stats.queries.get(item.modality, 0) + 1
+            for pod, held in self.caches.items():
+                if item.hash in held:
+                    stats.hits[(pod, item.modality)] = stats.hits.get((pod, item.modality), 0) + 1
         matched: dict[EndpointKey, tuple[MatchItem, ...]] = {}
         for endpoint in endpoints:
-            cache = self.caches.get(endpoint.key)
-            if cache:
-                found = tuple(i for i in items if i.hash in cache)
-                if found:
-                    matched[endpoint.key] = found
+            lru = self.caches.get(endpoint.key)
+            found = tuple(i for i in items if i.hash in lru) if lru else ()
+            stats.observe_ratio(len(found) / len(items))
+            if found:
+                matched[endpoint.key] = found
         cycle.write(self.match_key, EncoderCacheMatch(items, matched))
         cycle.write(self._items_key, items)
 
@@ -170,6 +210,7 @@ class MmEmbeddingsCacheProducer:
         """Listed under an `endpoint-notification-source`: a deleted endpoint's LRU goes at once."""
         if event.type == EVENT_DELETE:
             self.caches.pop(event.endpoint.key, None)
+            self.encoder_cache_stats.forget(event.endpoint.key)
         return {}
 
     def _cleanup(self) -> None:
@@ -182,6 +223,7 @@ class MmEmbeddingsCacheProducer:
             return
         for key in [k for k in self.caches if k not in pool]:
             del self.caches[key]
+            self.encoder_cache_stats.forget(key)
 
 
 def factory(name: str, params: Params, handle: Handle) -> MmEmbeddingsCacheProducer:
