@@ -8,7 +8,8 @@ Scheduling intent:
     writes a `PrefixMatch` (a full match on the replica it chose, nothing elsewhere) for a
     `prefix-cache-scorer` whose `prefixMatchInfoProducerName` names this producer.
 
-    PrepareData: the request's token ids (the `TokenizedPrompt`) are cut into blocks of `blockSizeTokens`
+    PrepareData: the request's token ids (the `TokenizedPrompt`: the first prompt of a multi-prompt
+    completions request, where the reference hashes every prompt) are cut into blocks of `blockSizeTokens`
     (a trailing partial block included) and hashed in a chain: seed = xxh64(target model + cache_salt),
     block i = xxh64(le64(xxh64(block tokens as le32)) + le64(hash i-1)), at most 2048 blocks (or
     maxPrefixTokensToMatch / blockSizeTokens). The request joins the open window (the first request opens
