@@ -105,13 +105,13 @@ class KVEventsOptions:
     """How a simulated pod publishes (vLLM's ``--kv-events-config`` and hashing flags; ``engine`` picks vLLM's
     or SGLang's events, see the module docstring)."""
 
-    engine: str = "vllm"
     encoding: str = "array"
     hash_algorithm: str = "sha256"  # --prefix-caching-hash-algo
     python_hash_seed: str = "0"  # PYTHONHASHSEED of the engine process
     int_hashes: bool = True  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
     data_parallel_rank: int | None = 0
     buffer_steps: int = 10_000
+    engine: str = "vllm"  # or "sglang"
 
     def __post_init__(self) -> None:
         if self.engine not in EVENT_ENGINES:
