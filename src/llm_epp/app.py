@@ -35,6 +35,7 @@ from llm_epp.observability import (
     configure_logging,
     start_health_server,
 )
+from llm_epp.observability.encoder_cache_metrics import encoder_cache_sources, register_encoder_cache_metrics
 from llm_epp.observability.flowcontrol_metrics import FlowControlMetrics
 from llm_epp.observability.known_models import ConfiguredAndServedModels
 from llm_epp.observability.kvcache_metrics import register_kv_index_metrics
@@ -197,6 +198,8 @@ def build(opts: Options) -> Components:
     if kv_index.indexes():
         enabled = any(index.settings.enable_metrics for index in kv_index.indexes())
         register_kv_index_metrics(recorder.registry, kv_index.stats, index_metrics=enabled)
+    if encoders := encoder_cache_sources(config.plugins.values()):
+        register_encoder_cache_metrics(recorder.registry, encoders)
     return Components(
         datastore,
         recorder,

@@ -235,6 +235,17 @@ REFERENCE_PARAMS: dict[str, dict[str, Any]] = {
     "topology-extractor": {"hostname": "kubernetes.io/hostname", "zone": "topology.kubernetes.io/zone"},
     "topology-affinity-filter": {"minAffinity": "rack", "topologyProducerName": "topology-extractor"},
     "topology-affinity-scorer": {"topologyProducerName": "topology-extractor"},
+    "mm-embeddings-cache-producer": {"cacheSizeInMBPerServer": 2048},
+    "mm-embeddings-cache-scorer": {"producerName": "mm-embeddings-cache-producer"},
+    "burst-prefix-cache-producer": {
+        "windowDurationMs": 100,
+        "maxPerReplica": -1,
+        "blockSizeTokens": 64,
+        "maxPrefixTokensToMatch": 0,
+        "minColocateBlocks": 0,
+        "maxBatchSize": 1000,
+        "balanceBy": "requests",
+    },
 }
 # Types whose reference factory refuses to build without parameters: their defaults must be rejected
 # (naming what is missing), and the other contract checks use the reference parameters.

@@ -47,10 +47,14 @@ def free_port_range(n: int) -> int:
 
 
 class LivePods:
-    def __init__(self, n: int, *, encodings: tuple[str, ...] = ("array",), time_scale: float = 0.05) -> None:
-        """Pod `i` encodes its batches with `encodings[i % len(encodings)]`."""
+    def __init__(
+        self, n: int, *, encodings: tuple[str, ...] = ("array",), time_scale: float = 0.05, engine: str = "vllm"
+    ) -> None:
+        """Pod `i` encodes its batches with `encodings[i % len(encodings)]` (vLLM pods); `engine` "sglang":
+        SGLang pods publishing SGLang's events."""
         self.n = n
-        self.encodings = encodings
+        self.engine = engine
+        self.encodings = encodings if engine == "vllm" else ("array",)
         self.time_scale = time_scale
         base = free_port_range(2 * n)
         self.zmq_base, self.replay_base = base, base + n
@@ -60,12 +64,12 @@ class LivePods:
         self._thread = threading.Thread(target=self._loop.run_forever, name="live-pods", daemon=True)
 
     def _server(self, i: int, port: int = 0) -> SimServer:
-        pod = LivePod(f"sim-rank-{i}", TINY, model=MODEL, time_scale=self.time_scale)
+        pod = LivePod(f"sim-rank-{i}", TINY, model=MODEL, time_scale=self.time_scale, engine=self.engine)
         kv = PublisherConfig(
             f"tcp://127.0.0.1:{self.zmq_base + i}",
             replay_endpoint=f"tcp://127.0.0.1:{self.replay_base + i}",
             bind=True,
-            options=KVEventsOptions(encoding=self.encodings[i % len(self.encodings)]),
+            options=KVEventsOptions(engine=self.engine, encoding=self.encodings[i % len(self.encodings)]),
         )
         return SimServer(pod, port=port, kv_events=kv)
 
@@ -129,6 +133,7 @@ plugins:
     indexerConfig:
       kvBlockIndexConfig: {{enableMetrics: true}}
     kvEventsConfig:
+      engineType: {self.engine}
       concurrency: 2
       podDiscoveryConfig: {{socketPort: {self.zmq_base}, replaySocketPort: {self.replay_base}}}
 - type: precise-prefix-cache-scorer

@@ -1,6 +1,6 @@
 """Precise prefix-cache routing end to end: Envoy, `llm-epp serve` with `precise-prefix-cache-producer`, and
-live simulated vLLM pods that publish their KV-cache events over ZMQ on 127.0.0.1 (and tokenize through a
-render endpoint, as vLLM's render sidecar does).
+live simulated vLLM pods (and, in one pool, SGLang pods) that publish their KV-cache events over ZMQ on
+127.0.0.1 (and tokenize through a render endpoint, as vLLM's render sidecar does).
 
 Each case is one where guessing from past routing decisions goes wrong and the pods' own events get it
 right: a pod restarted or reset its cache, a pod evicted the blocks; plus a lost batch recovered from the
@@ -215,3 +215,39 @@ def test_garbage_on_the_socket_is_counted_and_skipped(gateway: PreciseGateway) -
     assert by_kind["message"] >= 3 and by_kind["unknown_event"] >= 1
     prompt, home = _place(gw, "after-garbage")  # the subscriber is still running
     assert [gw.post(prompt + f" q{i}") for i in range(4)] == [home] * 4
+
+
+@pytest.fixture(scope="module")
+def sglang_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway]:
+    pods = LivePods(3, engine="sglang").start()
+    try:
+        gw = PreciseGateway(pods, tmp_path_factory.mktemp("precise-sglang"))
+    except Exception:
+        pods.stop()
+        raise
+    try:
+        gw.wait("every pod subscribed", lambda: gw.metric("llm_d_router_epp_kv_cache_events_active_subscribers") == 3)
+        yield gw
+    finally:
+        gw.stop()
+        pods.stop()
+
+
+def test_sglang_pods_events_place_follow_ups_and_evictions_move_them(sglang_gateway: PreciseGateway) -> None:
+    """SGLang's stream (signed page hashes, its own layout): follow-ups find the pod holding the prefix;
+    after that pod evicts it (BlockRemoved by signed hash), they go to the other pod holding it."""
+    gw = sglang_gateway
+    prompt, home = _place(gw, "sglang")
+    assert [gw.post(prompt + f" question {i}") for i in range(4)] == [home] * 4
+    a = gw.pods.index_of(home)
+    b = _also_on(gw, prompt, home)
+    ids = tokenizer.encode(prompt)
+    n = 0
+    while gw.pods.cached_tokens(a, ids) > 0:
+        assert n < 100
+        gw.pods.post_direct(a, _text(f"sglang-filler-{n}"), max_tokens=2)
+        n += 1
+    gw.settle()
+    assert gw.pods.cached_tokens(b, ids) > 0
+    assert [gw.post(prompt + f" after eviction {i}") for i in range(4)] == [gw.pods.servers[b].name] * 4
+    assert gw.metric("llm_epp_kv_cache_events_malformed_total") == 0

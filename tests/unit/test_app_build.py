@@ -41,3 +41,18 @@ def test_the_director_routes_over_the_datastore_with_the_configured_plugins() ->
 def test_a_bad_config_is_a_startup_error() -> None:
     with pytest.raises(StartupError, match="plugins"):
         build(Options(endpoints="10.0.0.1:8000", config_text="plugins: [{type: no-such-plugin}]"))
+
+
+def test_an_encoder_cache_producer_gets_its_metrics_exported() -> None:
+    config = """
+plugins:
+- {type: mm-embeddings-cache-producer}
+- {type: mm-embeddings-cache-scorer}
+schedulingProfiles:
+- {name: default, plugins: [{pluginRef: mm-embeddings-cache-scorer}]}
+"""
+    c = build(Options(endpoints="10.0.0.1:8000", config_text=config))
+    labels = {"plugin_type": "mm-embeddings-cache-producer", "plugin_name": "mm-embeddings-cache-producer"}
+    assert c.recorder.registry.get_sample_value("llm_d_epp_encoder_cache_hit_ratio_count", labels) == 0.0
+    plain = build(Options(endpoints="10.0.0.1:8000"))
+    assert plain.recorder.registry.get_sample_value("llm_d_epp_encoder_cache_hit_ratio_count", labels) is None

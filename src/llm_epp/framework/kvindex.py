@@ -63,8 +63,15 @@ class KVBlockIndexView(Protocol):
     @property
     def block_size(self) -> int: ...
 
-    def request_keys(self, tokens: Sequence[int], model: str, cache_salt: str = "") -> list[int]:
-        """The block keys of a prompt's full blocks (partial tail dropped)."""
+    def request_keys(
+        self,
+        tokens: Sequence[int],
+        model: str,
+        cache_salt: str = "",
+        extra: Sequence[Sequence[str] | None] | None = None,
+    ) -> list[int]:
+        """The block keys of a prompt's full blocks (partial tail dropped); `extra`: per block, the
+        multimodal item hashes overlapping it (or None), as the engine's events carry them."""
         ...
 
     def match(self, keys: Sequence[int], candidates: Collection[str]) -> PrefixLookup:

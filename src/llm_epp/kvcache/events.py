@@ -4,7 +4,13 @@ A message is three frames: topic (`kv@<ip:port>@<model>`), an 8-byte big-endian 
 msgpack batch. The batch is `[ts, [event, ...], data_parallel_rank]` or the same as a map; each event is
 either a positional array with its tag first (older vLLM, SGLang; trailing fields equal to their default
 are left out) or a map with the tag under `"type"` (newer vLLM). Block hashes are unsigned 64-bit ints or
-raw bytes, of which the last 8 (big-endian) are used.
+raw bytes, of which the last 8 (big-endian) are used; negative ints (SGLang publishes signed 64-bit
+values) are read as their two's complement.
+
+SGLang's BlockStored ends after `medium` (`[tag, block_hashes, parent, token_ids, block_size, lora_id,
+medium]`, its batch `[ts, events, attn_dp_rank]`); a salted request's BlockStored carries one more field
+there, a map `{"cache_salt": ...}`, where vLLM has `lora_name`. Its medium names are `GPU`, `CPU_PINNED`,
+`DISK` and `EXTERNAL` (lower-cased here, like vLLM's).
 
 Nothing here raises on bad input: `decode_batch` returns the events it could read and counts the rest in
 a `DecodeStats`."""
@@ -56,6 +62,7 @@ class BlockStored:
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    cache_salt: str | None = None  # SGLang's metadata; vLLM sends its salt in extra_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +205,11 @@ def decode_event(raw: object) -> Event | None:
         if len(f) < 4:
             raise MalformedEvent(f"BlockStored: {len(f)} fields, at least 4 needed")
         parent = f[1]
+        tail = _at(f, 6)
+        cache_salt: str | None = None
+        if isinstance(tail, dict):  # SGLang's salted BlockStored: {"cache_salt": ...} after medium
+            cache_salt = _opt_str(tail.get("cache_salt"), "metadata.cache_salt")
+            tail = None
         return BlockStored(
             block_hashes=tuple(hash_value(h) for h in _list(f[0], "block_hashes")),
             parent_block_hash=None if parent is None else hash_value(parent, "parent_block_hash"),
@@ -205,11 +217,12 @@ def decode_event(raw: object) -> Event | None:
             block_size=_int(f[3], "block_size"),
             lora_id=_opt_int(_at(f, 4), "lora_id"),
             medium=(_opt_str(_at(f, 5), "medium") or "").lower(),
-            lora_name=_opt_str(_at(f, 6), "lora_name"),
+            lora_name=_opt_str(tail, "lora_name"),
             extra_keys=_extra_keys(_at(f, 7)),
             group_idx=_opt_int(_at(f, 8), "group_idx", non_negative=True),
             kv_cache_spec_kind=_opt_str(_at(f, 9), "kv_cache_spec_kind"),
             kv_cache_spec_sliding_window=_opt_int(_at(f, 10), "kv_cache_spec_sliding_window"),
+            cache_salt=cache_salt,
         )
     if tag == "BlockRemoved":
         if len(f) < 1:
@@ -268,8 +281,10 @@ def decode_seq(frame: bytes) -> int | None:
 
 
 def parse_topic(topic: str) -> tuple[str, str]:
-    """(pod id, model) from `kv@<pod>@<model>`; (topic, "") when it has another shape."""
-    parts = topic.split("@")
+    """(pod id, model) from `kv@<pod>@<model>`; (topic, "") when it has another shape. Anything from a NUL
+    byte on is metadata, not topic: an SGLang publisher with a snapshot endpoint appends
+    `\x00sgl-kv-epoch=<id>` (and on snapshot barriers `\x00sgl-kv-snapshot=<id>`) to the configured topic."""
+    parts = topic.split("\x00", 1)[0].split("@")
     if len(parts) == 3:
         return parts[1], parts[2]
     return topic, ""

@@ -269,7 +269,7 @@ class KVBlockIndex:
             parent = parent_keys[-1]
         name = ev.lora_name or model
         extra = _extra_strings(ev, self.hasher.block_size, name)
-        keys = self.hasher.keys(ev.token_ids, name, parent=parent, extra=extra)
+        keys = self.hasher.keys(ev.token_ids, name, parent=parent, extra=extra, cache_salt=ev.cache_salt or "")
         if not keys:
             stats.skip("no_full_block")
             return

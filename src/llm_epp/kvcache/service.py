@@ -50,8 +50,14 @@ class InMemoryKVIndex:
     def block_size(self) -> int:
         return self.index.block_size
 
-    def request_keys(self, tokens: Sequence[int], model: str, cache_salt: str = "") -> list[int]:
-        return self.index.hasher.keys(tokens, model, cache_salt=cache_salt)
+    def request_keys(
+        self,
+        tokens: Sequence[int],
+        model: str,
+        cache_salt: str = "",
+        extra: Sequence[Sequence[str] | None] | None = None,
+    ) -> list[int]:
+        return self.index.hasher.keys(tokens, model, extra=extra, cache_salt=cache_salt)
 
     def match(self, keys: Sequence[int], candidates: Collection[str]) -> PrefixLookup:
         self.index.expire_speculative(self._clock())

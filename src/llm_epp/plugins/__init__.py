@@ -56,9 +56,11 @@ from llm_epp.plugins.parsers import (
 from llm_epp.plugins.requestcontrol import (
     agent_identity,
     approx_prefix_cache_producer,
+    burst_prefix_cache_producer,
     destination_endpoint_served_verifier,
     inflight_load_producer,
     latency_slo_admitter,
+    mm_embeddings_cache_producer,
     p2p_source_producer,
     precise_prefix_cache_producer,
     predicted_latency_producer,
@@ -85,6 +87,7 @@ from llm_epp.plugins.scheduling import (
     load_aware_scorer,
     lora_affinity_scorer,
     max_score_picker,
+    mm_embeddings_cache_scorer,
     no_hit_lru_scorer,
     precise_prefix_cache_scorer,
     predicted_latency_scorer,
@@ -196,18 +199,16 @@ _MODULES = (
     topology_affinity_filter,
     topology_affinity_scorer,
     predicted_latency_scorer,
+    mm_embeddings_cache_producer,
+    mm_embeddings_cache_scorer,
+    burst_prefix_cache_producer,
 )
 
-_PRECISE = "precise prefix-cache routing and tokenization"
 _MULTI = "multi-cluster routing"
 
 UNSUPPORTED: dict[str, str] = {
     "disaggregatedset-rollout-pod-extractor": "a Pod notification extractor that llm-d-router's rollout screener "
     "registers itself; llm-epp's disaggregatedset-rollout-screener counts the pool's endpoints and needs none",
-    **dict.fromkeys(
-        ("burst-prefix-cache-producer", "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"),
-        _PRECISE,
-    ),
     **dict.fromkeys(
         (
             "multicluster-approx-prefix-cache-producer",
@@ -238,4 +239,6 @@ def builtin_registry() -> Registry:
         precise_prefix_cache_producer.PRECISE_MATCH_KEY.name, precise_prefix_cache_producer.TYPE
     )
     registry.set_default_producer(TOKENIZED_PROMPT_KEY.name, token_producer.TYPE)
+    mm = mm_embeddings_cache_producer
+    registry.set_default_producer(mm.DEFAULT_MATCH_KEY.name, mm.TYPE)
     return registry

@@ -433,7 +433,8 @@ class Director:
         t0 = _now_ns() if trace is not None else 0
         for plugin in self.plugins.prepare_data:
             try:
-                async with asyncio.timeout(PREPARE_DATA_TIMEOUT_S):
+                # a plugin that waits on purpose (a batching window) says how long it needs
+                async with asyncio.timeout(getattr(plugin, "prepare_data_timeout_s", PREPARE_DATA_TIMEOUT_S)):
                     await plugin.prepare_data(cycle, request, candidates)
             except TimeoutError:
                 log.warning("prepare_data_timeout plugin=%s", plugin.typed_name)

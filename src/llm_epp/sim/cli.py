@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds each KV pull costs before the first byte (default %(default)g)")  # fmt: skip
 
     parser.add_argument("--kv-events-port", type=int, default=0,
-                        help="publish KV-cache events over ZMQ as vLLM does: pod i binds a PUB socket on "
+                        help="publish KV-cache events over ZMQ as the --engine does (vLLM's or SGLang's "
+                             "events): pod i binds a PUB socket on "
                              "127.0.0.1:P+i (its data-parallel rank offset; the endpoints file names pod i "
                              "sim-rank-i so llm-epp's podDiscoveryConfig.socketPort P finds it); 0 = off")  # fmt: skip
     parser.add_argument(
@@ -60,15 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events-encoding",
         choices=ENCODINGS,
         default="array",
-        help="msgpack shape of events: array (vLLM's tagged structs) or map",
+        help="msgpack shape of vLLM's events: array (tagged structs) or map (SGLang's are always arrays)",
     )
     parser.add_argument(
         "--prefix-caching-hash-algo",
         choices=ALGORITHMS,
         default="sha256",
-        help="vLLM's block hash for the published hashes",
+        help="vLLM's block hash for the published hashes (SGLang's is fixed: a SHA-256 page chain)",
     )
-    parser.add_argument("--python-hash-seed", default="0", help="the engine's PYTHONHASHSEED (root of the hashes)")
+    parser.add_argument("--python-hash-seed", default="0",
+                        help="vLLM's PYTHONHASHSEED (root of its hashes; SGLang's hashes have no seed)")  # fmt: skip
 
 
 def pod_roles(spec: str, pods: int) -> list[str | None]:
@@ -93,6 +95,7 @@ def kv_events_config(args: argparse.Namespace, pod: int) -> PublisherConfig | No
     if not port and not central:
         return None
     options = KVEventsOptions(
+        engine=getattr(args, "engine", "vllm"),
         encoding=args.kv_events_encoding,
         hash_algorithm=args.prefix_caching_hash_algo,
         python_hash_seed=args.python_hash_seed,
@@ -176,6 +179,23 @@ def run(args: argparse.Namespace) -> int:
         if value and not 0 < value + args.pods - 1 <= 65535:
             print(
                 f"llm-epp sim: --{flag.replace('_', '-')} {value}: ports P..P+pods-1 must be 1-65535", file=sys.stderr
+            )
+            return 2
+    if getattr(args, "engine", "vllm") == "sglang" and (args.kv_events_port or args.kv_events_endpoint):
+        vllm_only = [
+            flag
+            for flag, value, default in (
+                ("--kv-events-encoding", args.kv_events_encoding, "array"),
+                ("--prefix-caching-hash-algo", args.prefix_caching_hash_algo, "sha256"),
+                ("--python-hash-seed", args.python_hash_seed, "0"),
+            )
+            if value != default
+        ]
+        if vllm_only:
+            print(
+                f"llm-epp sim: {', '.join(vllm_only)} shape vLLM's KV events; an --engine sglang pod publishes "
+                "SGLang's (array-encoded, SHA-256 page hashes without a seed): leave them out",
+                file=sys.stderr,
             )
             return 2
     try:

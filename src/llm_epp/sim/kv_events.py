@@ -1,4 +1,5 @@
-"""KV-cache events from simulated vLLM pods, as vLLM publishes them with ``--kv-events-config``.
+"""KV-cache events from simulated vLLM and SGLang pods, as the engines publish them with
+``--kv-events-config``.
 
 :class:`KVEventRecorder` listens to an :class:`~llm_epp.sim.engine.Engine`'s prefix cache and turns what
 happens there into vLLM's events:
@@ -13,6 +14,14 @@ Hashes are vLLM's own (:mod:`llm_epp.kvcache.vllm_hashing`: ``--prefix-caching-h
 ``PYTHONHASHSEED`` root, the LoRA name as extra key), sent as the low 64 bits (an unsigned int, vLLM's
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` default) or as the raw digest bytes. Generated tokens have ids
 too (:func:`~llm_epp.sim.engine.generated_token_id`), so blocks holding output are published like any.
+
+With ``engine="sglang"`` a pod publishes what SGLang's radix cache does instead: page hashes of
+:mod:`llm_epp.kvcache.sglang_hashing` (SHA-256 chain, no seed) as signed 64-bit ints, each event a
+positional array (``["BlockStored", hashes, parent, token_ids, page_size, nil, "GPU"]``,
+``["BlockRemoved", hashes, "GPU"]``, ``["AllBlocksCleared"]``; consecutive removals are merged into one
+event, as SGLang's event queue merges them), the batch ``[ts, events, attn_dp_rank]``. Blocks of LoRA
+requests are published without LoRA information (``lora_id`` nil), as SGLang's radix cache does when the
+adapter has no namespace of its own. Topic, sequence numbers and the replay socket are the same as vLLM's.
 
 :func:`encode_batch` packs a step's events as ``[ts, [event, ...], data_parallel_rank]`` with msgpack:
 ``encoding="array"`` puts each event's fields in order after its tag (vLLM's tagged array structs; fields
@@ -54,11 +63,14 @@ from llm_epp.framework.kvindex import KVIndexSettings, PrefixLookup
 from llm_epp.framework.types import Endpoint
 from llm_epp.kvcache.events import END_OF_REPLAY, SEQ, DecodeStats, decode_batch
 from llm_epp.kvcache.service import InMemoryKVIndex
+from llm_epp.kvcache.sglang_hashing import event_hash as sglang_event_hash
+from llm_epp.kvcache.sglang_hashing import page_digests
 from llm_epp.kvcache.vllm_hashing import ALGORITHMS, block_extra_keys, external_hash, hash_function
 from llm_epp.sim.live import LivePod
 
 __all__ = [
     "ENCODINGS",
+    "EVENT_ENGINES",
     "KVEventRecorder",
     "KVEventsOptions",
     "LiveKVEvents",
@@ -72,6 +84,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ENCODINGS = ("array", "map")
+EVENT_ENGINES = ("vllm", "sglang")
 MEDIUM_GPU = "GPU"
 _END_SEQ = SEQ.pack(END_OF_REPLAY)
 
@@ -89,7 +102,8 @@ def kv_topic(address: str, model: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KVEventsOptions:
-    """How a simulated pod publishes (vLLM's ``--kv-events-config`` and hashing flags)."""
+    """How a simulated pod publishes (vLLM's ``--kv-events-config`` and hashing flags; ``engine`` picks vLLM's
+    or SGLang's events, see the module docstring)."""
 
     encoding: str = "array"
     hash_algorithm: str = "sha256"  # --prefix-caching-hash-algo
@@ -97,8 +111,13 @@ class KVEventsOptions:
     int_hashes: bool = True  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
     data_parallel_rank: int | None = 0
     buffer_steps: int = 10_000
+    engine: str = "vllm"  # or "sglang"
 
     def __post_init__(self) -> None:
+        if self.engine not in EVENT_ENGINES:
+            raise ValueError(f"KV events engine {self.engine!r}: use one of {', '.join(EVENT_ENGINES)}")
+        if self.engine == "sglang" and (self.encoding != "array" or not self.int_hashes):
+            raise ValueError("SGLang publishes array-encoded events with integer hashes only")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"KV event encoding {self.encoding!r}: use one of {', '.join(ENCODINGS)}")
         if self.hash_algorithm not in ALGORITHMS:
@@ -117,8 +136,10 @@ class KVEventRecorder:
     def __init__(self, block_size: int, options: KVEventsOptions = KVEventsOptions(), memo_size: int = 1 << 18) -> None:
         self.block_size = block_size
         self.options = options
+        self._sglang = options.engine == "sglang"
         self._hash = hash_function(options.hash_algorithm)
-        self._none_hash = self._hash(options.python_hash_seed)
+        # the chain's start: vLLM's NONE_HASH; nothing for SGLang (its first page has no prior digest)
+        self._none_hash: bytes | None = None if self._sglang else self._hash(options.python_hash_seed)
         self._memo: OrderedDict[int, bytes] = OrderedDict()
         self._memo_size = memo_size
         self._lora_ids: dict[str, int] = {}
@@ -151,9 +172,9 @@ class KVEventRecorder:
         while len(memo) > self._memo_size:
             memo.popitem(last=False)
         lora_id = None
-        if lora is not None:
+        if lora is not None and not self._sglang:
             lora_id = self._lora_ids.setdefault(lora, len(self._lora_ids) + 1)
-        self._events.append(("BlockStored", hashes, parent, new_tokens, bs, lora_id, lora))
+        self._events.append(("BlockStored", hashes, parent, new_tokens, bs, lora_id, None if self._sglang else lora))
         self.stored_blocks += len(hashes)
 
     def block_removed(self, block_id: int) -> None:
@@ -172,8 +193,10 @@ class KVEventRecorder:
         events, self._events = self._events, []
         return events
 
-    def _chain(self, tokens: Sequence[int], first_block: int, parent: bytes, lora: str | None) -> list[bytes]:
+    def _chain(self, tokens: Sequence[int], first_block: int, parent: bytes | None, lora: str | None) -> list[bytes]:
         bs = self.block_size
+        if self._sglang:
+            return page_digests(tokens, bs, parent)
         out: list[bytes] = []
         fn = self._hash
         for i in range(len(tokens) // bs):
@@ -185,6 +208,28 @@ class KVEventRecorder:
 
 def _wire_hash(digest: bytes, as_int: bool) -> int | bytes:
     return external_hash(digest) if as_int else digest
+
+
+def _sglang_event(event: RecordedEvent) -> list[Any]:
+    tag = event[0]
+    if tag == "BlockStored":
+        _, hashes, parent, tokens, block_size, _lora_id, _lora_name = event  # type: ignore[misc]
+        wire_parent = None if parent is None else sglang_event_hash(parent)
+        return [tag, [sglang_event_hash(h) for h in hashes], wire_parent, tokens, block_size, None, MEDIUM_GPU]
+    if tag == "BlockRemoved":
+        return [tag, [sglang_event_hash(h) for h in event[1]], MEDIUM_GPU]  # type: ignore[misc]
+    return [tag]
+
+
+def _sglang_events(events: Sequence[RecordedEvent]) -> list[Any]:
+    out: list[Any] = []
+    for event in events:
+        wire = _sglang_event(event)
+        if wire[0] == "BlockRemoved" and out and out[-1][0] == "BlockRemoved":
+            out[-1][1].extend(wire[1])  # SGLang's queue merges consecutive removals of one medium
+        else:
+            out.append(wire)
+    return out
 
 
 def _wire_event(event: RecordedEvent, options: KVEventsOptions) -> Any:
@@ -212,8 +257,10 @@ def _wire_event(event: RecordedEvent, options: KVEventsOptions) -> Any:
 
 def encode_batch(ts: float, events: Sequence[RecordedEvent], options: KVEventsOptions) -> bytes:
     """One msgpack batch of ``events`` (see the module docstring)."""
-    wire = [_wire_event(e, options) for e in events]
     rank = options.data_parallel_rank
+    if options.engine == "sglang":
+        return msgspec.msgpack.encode([ts, _sglang_events(events), rank])  # attn_dp_rank, never left out
+    wire = [_wire_event(e, options) for e in events]
     if options.encoding == "map":
         batch: dict[str, Any] = {"ts": ts, "events": wire}
         if rank is not None:

@@ -126,3 +126,7 @@ def test_sequence_and_topic() -> None:
     assert decode_seq(b"\x00" * 7) is None
     assert parse_topic("kv@10.0.0.1:8000@Qwen/Qwen3-32B") == ("10.0.0.1:8000", "Qwen/Qwen3-32B")
     assert parse_topic("other") == ("other", "")
+    # SGLang with a snapshot endpoint: epoch (and barrier) metadata after a NUL byte
+    epoch = "kv@10.0.0.1:30000@Qwen/Qwen3-32B\x00sgl-kv-epoch=3f2a"
+    assert parse_topic(epoch) == ("10.0.0.1:30000", "Qwen/Qwen3-32B")
+    assert parse_topic(epoch + "\x00sgl-kv-snapshot=77") == ("10.0.0.1:30000", "Qwen/Qwen3-32B")

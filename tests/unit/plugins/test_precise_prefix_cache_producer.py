@@ -10,7 +10,7 @@ import zmq
 from llm_epp.framework import ApiKind, CycleState, InferenceRequest, ProfileResult, RequestBody, SchedulingResult
 from llm_epp.framework.kvindex import KVIndexSettings
 from llm_epp.framework.registry import PluginParamsError
-from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, TokenizedPrompt
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, MultiModalFeature, TokenizedPrompt
 from llm_epp.kvcache import InMemoryKVIndex
 from llm_epp.kvcache.events import SEQ, DecodeStats, decode_batch
 from llm_epp.plugins import builtin_registry
@@ -19,6 +19,7 @@ from llm_epp.plugins.requestcontrol.precise_prefix_cache_producer import (
     PRECISE_MATCH_KEY,
     Params,
     PrecisePrefixCacheProducer,
+    mm_block_extras,
 )
 from llm_epp.plugins.scheduling.no_hit_lru_scorer import NoHitLruScorer
 from tests.unit.builders import FakeHandle, endpoint, request
@@ -102,6 +103,42 @@ async def test_cache_salt_and_lora_isolate_prefixes() -> None:
     assert salted is not None and salted.weighted == {A.key: 1.0}
     assert plain is not None and not plain.weighted
     assert other is not None and not other.weighted
+
+
+async def test_image_blocks_match_only_requests_with_the_same_image() -> None:
+    """vLLM lists the image's identifier in the extra keys of the blocks its placeholder tokens cover; the
+    request side puts the render endpoint's mm hash on the same blocks, so the same tokens with another
+    image do not match past the text before it."""
+    plugin, index = make({"tokenProcessorConfig": {"blockSizeTokens": 4}})
+    prompt = list(range(16))  # the image's placeholder tokens are 5..10: blocks 1 and 2
+    extra = [None, [["img-a", 0]], [["img-a", 3]], None]
+    feed(index, A.hostport, ["BlockStored", [1, 2, 3, 4], None, prompt, 4, None, "GPU", None, extra])
+
+    async def held(image: str | None, salt: str = "") -> float:
+        cycle = CycleState()
+        features = (MultiModalFeature("image", image, 5, 6),) if image else ()
+        cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt(tuple(prompt), salt, mm_features=features))
+        await plugin.prepare_data(cycle, request(MODEL), [A, B])
+        match = cycle.read(PRECISE_MATCH_KEY)
+        assert match is not None
+        return match.weighted.get(A.key, 0.0)
+
+    assert await held("img-a") == 4.0
+    assert await held("img-b") == 1.0  # the text block before the image only
+    assert await held(None) == 1.0
+    assert mm_block_extras((MultiModalFeature("image", "x", 5, 6),), 4, 16) == [None, ["x"], ["x"], None]
+    assert mm_block_extras((MultiModalFeature("image", "x", 0, 0),), 4, 16) is None  # no placeholder range
+
+
+@pytest.mark.parametrize(("backends", "weight"), [(None, 1.0), ([{"name": "CPU_PINNED", "weight": 0.5}], 0.5)])
+async def test_sglang_tiers_weigh_as_configured(backends: list[dict] | None, weight: float) -> None:
+    """SGLang's host tier is `CPU_PINNED`: not a default backend, so it weighs 1.0 (as upstream) until a
+    kvCacheBackendConfigs entry names it (matched case-insensitively)."""
+    indexer = {"kvCacheBackendConfigs": backends} if backends else {}
+    plugin, index = make({"tokenProcessorConfig": {"blockSizeTokens": 4}, "indexerConfig": indexer})
+    feed(index, A.hostport, ["BlockStored", [-5, -6], None, list(range(8)), 4, None, "CPU_PINNED"])
+    match = (await produce(plugin, range(8))).read(PRECISE_MATCH_KEY)
+    assert match is not None and match.weighted == {A.key: pytest.approx(2 * weight)}
 
 
 async def test_no_tokens_no_match_info() -> None:

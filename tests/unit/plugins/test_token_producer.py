@@ -9,7 +9,7 @@ import pytest
 
 from llm_epp.framework import ApiKind, CycleState, InferenceRequest, RequestBody
 from llm_epp.framework.registry import PluginParamsError
-from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, TokenizedPrompt
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, MultiModalFeature, TokenizedPrompt
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.requestcontrol import token_producer
 from llm_epp.plugins.requestcontrol.token_producer import Params, TokenProducer
@@ -145,11 +145,27 @@ def test_a_missing_tokenizer_file_is_named(tmp_path) -> None:
 
 def test_the_cache_is_bounded() -> None:
     cache = token_producer._Cache(entries=2, tokens=5)
-    cache.put(b"a", (1, 2))
-    cache.put(b"b", (3, 4))
-    cache.put(b"c", (5,))
+    cache.put(b"a", ((1, 2), ()))
+    cache.put(b"b", ((3, 4), ()))
+    cache.put(b"c", ((5,), ()))
     assert len(cache) == 2 and cache.get(b"a") is None
-    cache.put(b"d", (1, 2, 3, 4))
-    assert cache.get(b"d") == (1, 2, 3, 4) and cache.get(b"b") is None and len(cache) == 2  # 1 + 4 tokens
-    cache.put(b"e", tuple(range(6)))  # larger than the whole budget: not kept
+    cache.put(b"d", ((1, 2, 3, 4), ()))
+    assert cache.get(b"d") == ((1, 2, 3, 4), ()) and cache.get(b"b") is None and len(cache) == 2  # 1 + 4 tokens
+    cache.put(b"e", (tuple(range(6)), ()))  # larger than the whole budget: not kept
     assert cache.get(b"e") is None
+    image = MultiModalFeature("image", "h", 0, 4)
+    cache.put(b"f", ((1, 2, 3, 4, 5), (image,)))  # a multimodal item counts like a token: 6 > 5
+    assert cache.get(b"f") is None
+
+
+def test_render_features_become_multimodal_items_in_prompt_order() -> None:
+    features = {
+        "mm_hashes": {"image": ["img-b", "img-a", 7], "audio": ["snd"]},
+        "mm_placeholders": {"image": [{"offset": 30, "length": 8}, {"offset": 2, "length": 8}], "audio": []},
+    }
+    assert token_producer._mm_features(features) == (
+        MultiModalFeature("audio", "snd", 0, 0),  # no placeholder reported: offset 0
+        MultiModalFeature("image", "img-a", 2, 8),
+        MultiModalFeature("image", "img-b", 30, 8),
+    )  # the non-string hash is left out
+    assert token_producer._mm_features(None) == () and token_producer._mm_features({"mm_hashes": []}) == ()

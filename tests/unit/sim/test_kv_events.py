@@ -249,9 +249,11 @@ schedulingProfiles:
 """
 
 
-def _precise_cluster(delay: float) -> tuple[Cluster, EppRouter, VirtualKVEvents]:
+def _precise_cluster(
+    delay: float, options: KVEventsOptions | None = None
+) -> tuple[Cluster, EppRouter, VirtualKVEvents]:
     cluster = Cluster(TINY, 4)
-    events = VirtualKVEvents(lambda: cluster.clock, delay=delay, model=SIM_MODEL)
+    events = VirtualKVEvents(lambda: cluster.clock, delay=delay, model=SIM_MODEL, options=options or KVEventsOptions())
     install_kv_index_service(events)
     try:
         router = EppRouter(4, _precise_config(), token_prompts=True)
@@ -267,8 +269,9 @@ def _prompt(text: str, group: int) -> Prompt:
     return Prompt(group=group, index=0, text=text, token_ids=tokenizer.encode(text), max_tokens=2)
 
 
-def test_virtual_cluster_routes_follow_ups_to_the_pod_holding_their_blocks() -> None:
-    cluster, router, events = _precise_cluster(delay=0.05)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_virtual_cluster_routes_follow_ups_to_the_pod_holding_their_blocks(engine: str) -> None:
+    cluster, router, events = _precise_cluster(delay=0.05, options=KVEventsOptions(engine=engine))
     base = ["alpha " * 60, "bravo " * 60, "charlie " * 60]
     first = cluster.run_trace([TraceRequest(i * 0.5, _prompt(b, i)) for i, b in enumerate(base)], router)
     home = {r.group: r.pod for r in first}
@@ -312,3 +315,49 @@ def test_options_are_checked() -> None:
         KVEventsOptions(encoding="json")
     with pytest.raises(ValueError, match="hash algorithm"):
         KVEventsOptions(hash_algorithm="md5")
+
+
+def test_sglang_pods_publish_sglang_page_hashes_and_layout() -> None:
+    """An SGLang pod's events: SHA-256 page chain as signed ints, SGLang's array layout and batch, merged
+    removals; the index fed by them holds what the engine holds."""
+    import msgspec
+
+    from llm_epp.kvcache.sglang_hashing import event_hash, page_digests
+
+    options = KVEventsOptions(engine="sglang")
+    recorder = KVEventRecorder(BS, options)
+    engine = Engine(TINY, kv_listener=recorder)
+    index = KVBlockIndex(RequestKeyHasher(BS))
+    prompts = [tuple(range(i * 1000, i * 1000 + 6 * BS)) for i in range(60)]
+    saw_merged_removal = False
+    for i, p in enumerate(prompts):
+        engine.submit(SimRequest(f"r{i}", p, max_tokens=1, lora="ad1" if i % 2 else None), engine.clock)
+        _run(engine, 1e9)
+        payload = encode_batch(2.0, recorder.take(), options)
+        ts, wire, rank = msgspec.msgpack.decode(payload)
+        assert ts == 2.0 and rank == 0
+        stored = [e for e in wire if e[0] == "BlockStored"]
+        assert all(len(e) == 7 and e[4] == BS and e[5] is None and e[6] == "GPU" for e in stored)
+        removed = [e for e in wire if e[0] == "BlockRemoved"]
+        assert all(e[2] == "GPU" for e in removed)
+        assert all(a[0] != "BlockRemoved" or b[0] != "BlockRemoved" for a, b in itertools.pairwise(wire))
+        saw_merged_removal |= any(len(e[1]) > 1 for e in removed)
+        if i == 0:
+            expected = [event_hash(d) for d in page_digests(p, BS)]
+            assert [h for e in stored for h in e[1]] == expected and stored[0][2] is None
+        batch = decode_batch(payload, DecodeStats())
+        assert batch is not None
+        index.apply("10.0.0.1:30000", SIM_MODEL, batch)
+    assert saw_merged_removal
+    for i, p in enumerate(prompts):  # LoRA blocks are published without the adapter: found under the model
+        held = len(index.lookup(index.hasher.keys(p, SIM_MODEL), {"10.0.0.1:30000"}))
+        assert held * BS == engine.cached_prefix_tokens(p, "ad1" if i % 2 else None)
+
+
+def test_sglang_options_refuse_vllm_only_shapes() -> None:
+    with pytest.raises(ValueError, match="SGLang publishes array-encoded events"):
+        KVEventsOptions(engine="sglang", encoding="map")
+    with pytest.raises(ValueError, match="SGLang publishes array-encoded events"):
+        KVEventsOptions(engine="sglang", int_hashes=False)
+    with pytest.raises(ValueError, match="KV events engine 'trtllm'"):
+        KVEventsOptions(engine="trtllm")

@@ -197,7 +197,11 @@ async def test_cli_endpoints_file(tmp_path: Path) -> None:
             await s.stop()
 
 
-async def test_cli_pods_publish_kv_events_where_the_rank_convention_finds_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [["--kv-events-encoding", "map"], ["--engine", "sglang"]], ids=["vllm-map", "sglang"])
+async def test_cli_pods_publish_kv_events_where_the_rank_convention_finds_them(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    """vLLM's or SGLang's events (SGLang's page hashes and layout) reach the EPP's real subscriber."""
     import socket
 
     from llm_epp.kvcache.index import KVBlockIndex
@@ -212,14 +216,14 @@ async def test_cli_pods_publish_kv_events_where_the_rank_convention_finds_them(t
     cli.add_arguments(parser)
     args = parser.parse_args(
         ["--pods", "1", "--time-scale", "0.01", "--kv-events-port", str(base), "--kv-events-replay-port", str(replay),
-         "--kv-events-encoding", "map"]
+         *flags]
     )  # fmt: skip
     servers = await cli.start_pods(args)
     index = KVBlockIndex(RequestKeyHasher(16))
     runner = KVEventsRunner(index)
     try:
         path = tmp_path / "endpoints.yaml"
-        path.write_text(cli.endpoints_yaml(servers))
+        path.write_text(cli.endpoints_yaml(servers, args.engine))
         _pool, endpoints = parse_endpoints_file(path.read_text(), str(path))
         assert [e.key.name for e in endpoints] == ["sim-rank-0"]
         from llm_epp.framework.types import Endpoint
@@ -241,7 +245,17 @@ async def test_cli_pods_publish_kv_events_where_the_rank_convention_finds_them(t
                 break
             await asyncio.sleep(0.05)
         assert len(index.lookup(keys)) == len(keys) and index.pods() == [f"127.0.0.1:{servers[0].port}"]
+        assert runner.stats.decode.malformed_events == 0 and runner.stats.decode.malformed_messages == 0
     finally:
         runner.stop()
         for s in servers:
             await s.stop()
+
+
+def test_cli_refuses_vllm_event_flags_on_sglang_pods(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--engine", "sglang", "--kv-events-port", "5557", "--python-hash-seed", "42"])
+    assert cli.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--python-hash-seed shape vLLM's KV events" in err and "SGLang's" in err

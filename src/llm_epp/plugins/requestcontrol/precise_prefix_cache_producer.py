@@ -8,7 +8,9 @@ Scheduling intent:
 
     PrepareData: the prompt's token ids (from `token-producer`, or ids the client sent) are cut into
     blocks of `tokenProcessorConfig.blockSizeTokens`; each full block gets a key chained from the
-    previous one and seeded with the target model (`hashSeed`, `hashAlgorithm`; cache_salt on block 0).
+    previous one and seeded with the target model (`hashSeed`, `hashAlgorithm`). A block's extras are the
+    hashes of the prompt's multimodal items whose placeholder tokens overlap it (from the token-producer's
+    render backend, as the engine's BlockStored extra keys carry them), then cache_salt on block 0.
     The index answers, per candidate, the LongestPrefix count: leading blocks held, each weighted by the
     best medium holding it (`kvCacheBackendConfigs`, default gpu 1.0, cpu 0.8). The result goes to the
     CycleState twice: `PRECISE_MATCH_KEY` (weighted, for `precise-prefix-cache-scorer`) and
@@ -92,7 +94,7 @@ from llm_epp.framework import (
 from llm_epp.framework.datalayer import AttributeUpdates, EndpointEvent
 from llm_epp.framework.durations import parse_go_duration
 from llm_epp.framework.kvindex import KVBlockIndexView, KVIndexSettings, PrefixLookup, kv_index_service
-from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, MultiModalFeature
 from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
     PREFILL_PROFILE,
     PREFIX_MATCH_KEY,
@@ -285,6 +287,23 @@ class PreciseMatch:
         return min(1.0, self.weighted.get(key, 0.0) / total) if total else 0.0
 
 
+def mm_block_extras(
+    features: Sequence[MultiModalFeature], block_size: int, n_tokens: int
+) -> list[list[str] | None] | None:
+    """Per full block, the hashes of the multimodal items whose placeholder tokens overlap it (in placeholder
+    order), as the engine lists them in the block's extra keys; None without such items. Items without a
+    placeholder range are left out."""
+    items = sorted((f for f in features if f.length > 0), key=lambda f: f.offset)
+    if not items or block_size <= 0:
+        return None
+    out: list[list[str] | None] = []
+    for i in range(n_tokens // block_size):
+        start, end = i * block_size, (i + 1) * block_size
+        hashes = [f.hash for f in items if f.offset < end and f.offset + f.length > start]
+        out.append(hashes or None)
+    return out if any(out) else None
+
+
 PRECISE_MATCH_KEY: StateKey[PreciseMatch] = StateKey("precise-prefix-cache-match-info")
 
 
@@ -341,14 +360,20 @@ class PrecisePrefixCacheProducer:
         if len(tokens) < self.index.block_size:
             return
         by_addr = {e.hostport: e.key for e in endpoints}
-        keys, found = await asyncio.to_thread(self._lookup, tokens, request.target_model, salt, by_addr.keys())
+        extra = mm_block_extras(prompt.mm_features, self.index.block_size, len(tokens)) if prompt is not None else None
+        keys, found = await asyncio.to_thread(self._lookup, tokens, request.target_model, salt, by_addr.keys(), extra)
         self.publish(cycle, keys, found, by_addr)
 
     def _lookup(
-        self, tokens: Sequence[int], model: str, salt: str, candidates: Collection[str]
+        self,
+        tokens: Sequence[int],
+        model: str,
+        salt: str,
+        candidates: Collection[str],
+        extra: list[list[str] | None] | None = None,
     ) -> tuple[list[int], PrefixLookup]:
         """Hashing and lookup, in a worker thread."""
-        keys = self.index.request_keys(tokens, model, salt)
+        keys = self.index.request_keys(tokens, model, salt, extra)
         return keys, self.index.match(keys, candidates)
 
     def publish(

@@ -8,8 +8,11 @@ Scheduling intent:
     Backends (exactly one; `estimate` when none is set):
     - `vllm` (or only `modelName`): the model server's render endpoints, `POST {url}/v1/completions/render`
       (completions; the answer is a list with `token_ids` per prompt, the first is used) and
-      `POST {url}/v1/chat/completions/render` (chat; `{token_ids, ...}`), sent the client's body with
-      `model` set to `modelName` — typically a GPU-less `vllm launch render <model>` sidecar.
+      `POST {url}/v1/chat/completions/render` (chat; `{token_ids, features, ...}`), sent the client's body
+      with `model` set to `modelName` — typically a GPU-less `vllm launch render <model>` sidecar. A chat
+      answer's `features.mm_hashes` / `features.mm_placeholders` (per modality, in prompt order) become
+      the prompt's multimodal items (`TokenizedPrompt.mm_features`, ordered by placeholder offset), which
+      `mm-embeddings-cache-producer` reads.
     - `tokenizerPath` (llm-epp): a local Hugging Face `tokenizer.json` loaded with the `tokenizers`
       library. It tokenizes completions prompts (string, or the first of a list) as the engine does, with
       special tokens added and any padding or truncation the file configures turned off; chat completions
@@ -57,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llm_epp.framework import ApiKind, CycleState, Endpoint, Handle, InferenceRequest, PluginParams, TypedName
 from llm_epp.framework.durations import parse_go_duration
-from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, TokenizedPrompt
+from llm_epp.framework.tokenization import TOKENIZED_PROMPT_KEY, MultiModalFeature, TokenizedPrompt
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,10 @@ CHAT_RENDER_PATH = "/v1/chat/completions/render"
 CACHE_ENTRIES = 1024
 CACHE_TOKENS = 4_000_000
 _MAX_RENDER_RESPONSE = 64 * 1024 * 1024
+_MAX_MM_ITEMS = 1024  # multimodal items taken from one render answer
+
+Rendered = tuple[tuple[int, ...], tuple[MultiModalFeature, ...]]
+"""A tokenized prompt: token ids and multimodal items."""
 
 
 class _Strict(BaseModel):
@@ -158,11 +165,43 @@ def _token_prompt(payload: Mapping[str, Any]) -> tuple[int, ...] | None:
     return None
 
 
+def _mm_features(features: object) -> tuple[MultiModalFeature, ...]:
+    """The multimodal items of a render answer's `features`: `mm_hashes` (modality -> hashes) paired by
+    position with `mm_placeholders` (modality -> [{offset, length}]), ordered by offset. Items without a
+    string hash are left out; at most `_MAX_MM_ITEMS`."""
+    if not isinstance(features, dict):
+        return ()
+    hashes, places = features.get("mm_hashes"), features.get("mm_placeholders")
+    if not isinstance(hashes, dict):
+        return ()
+    out: list[MultiModalFeature] = []
+    for modality, values in hashes.items():
+        if not isinstance(modality, str) or not isinstance(values, list):
+            continue
+        ranges = places.get(modality) if isinstance(places, dict) else None
+        for i, value in enumerate(values):
+            if not isinstance(value, str) or not value or len(out) >= _MAX_MM_ITEMS:
+                continue
+            where = ranges[i] if isinstance(ranges, list) and i < len(ranges) else None
+            offset = where.get("offset") if isinstance(where, dict) else None
+            length = where.get("length") if isinstance(where, dict) else None
+            out.append(
+                MultiModalFeature(
+                    modality,
+                    value,
+                    offset if isinstance(offset, int) and not isinstance(offset, bool) else 0,
+                    length if isinstance(length, int) and not isinstance(length, bool) else 0,
+                )
+            )
+    out.sort(key=lambda f: f.offset)
+    return tuple(out)
+
+
 class _Cache:
     """A bounded LRU of tokenized prompts (entries and total tokens). Used from one thread at a time."""
 
     def __init__(self, entries: int = CACHE_ENTRIES, tokens: int = CACHE_TOKENS) -> None:
-        self._data: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._data: OrderedDict[bytes, Rendered] = OrderedDict()
         self._max_entries = entries
         self._max_tokens = tokens
         self._tokens = 0
@@ -170,20 +209,21 @@ class _Cache:
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, key: bytes) -> tuple[int, ...] | None:
+    def get(self, key: bytes) -> Rendered | None:
         found = self._data.get(key)
         if found is not None:
             self._data.move_to_end(key)
         return found
 
-    def put(self, key: bytes, tokens: tuple[int, ...]) -> None:
-        if len(tokens) > self._max_tokens or key in self._data:
+    def put(self, key: bytes, rendered: Rendered) -> None:
+        size = len(rendered[0]) + len(rendered[1])
+        if size > self._max_tokens or key in self._data:
             return
-        self._data[key] = tokens
-        self._tokens += len(tokens)
+        self._data[key] = rendered
+        self._tokens += size
         while len(self._data) > self._max_entries or self._tokens > self._max_tokens:
             _, old = self._data.popitem(last=False)
-            self._tokens -= len(old)
+            self._tokens -= len(old[0]) + len(old[1])
 
 
 class TokenProducer:
@@ -236,18 +276,18 @@ class TokenProducer:
                 cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt(_pack_bytes(text), salt, exact=False))
             return
         try:
-            tokens = await asyncio.to_thread(self.tokenize, body.api, body.payload)
+            rendered = await asyncio.to_thread(self.tokenize, body.api, body.payload)
         except (OSError, ValueError, urllib.error.URLError) as e:
             self.failures += 1
             log.debug("tokenize_failed plugin=%s error=%s", self._typed_name, e)
             return
-        if tokens:
-            cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt(tokens, salt))
+        if rendered and rendered[0]:
+            cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt(rendered[0], salt, mm_features=rendered[1]))
 
     # --- backends (run in a worker thread) -------------------------------------------------------------
-    def tokenize(self, api: ApiKind, payload: Mapping[str, Any]) -> tuple[int, ...] | None:
-        """The prompt's token ids, from the cache or the backend; None when the backend has none for this
-        kind of request. Raises OSError / ValueError on backend failures."""
+    def tokenize(self, api: ApiKind, payload: Mapping[str, Any]) -> Rendered | None:
+        """The prompt's token ids and multimodal items, from the cache or the backend; None when the backend
+        has none for this kind of request. Raises OSError / ValueError on backend failures."""
         if api not in (ApiKind.COMPLETIONS, ApiKind.CHAT_COMPLETIONS):
             return None
         if self.backend == "local":
@@ -259,7 +299,7 @@ class TokenProducer:
             key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
             found = self._cache.get(key)
             if found is None:
-                found = tuple(self._tokenizer.encode(text, add_special_tokens=True).ids)
+                found = (tuple(self._tokenizer.encode(text, add_special_tokens=True).ids), ())
                 self._cache.put(key, found)
             return found
         body = dict(payload)
@@ -270,11 +310,11 @@ class TokenProducer:
         found = self._cache.get(key)
         if found is None:
             found = self._render(api, data, payload)
-            if found:
+            if found[0]:
                 self._cache.put(key, found)
         return found
 
-    def _render(self, api: ApiKind, data: bytes, payload: Mapping[str, Any]) -> tuple[int, ...] | None:
+    def _render(self, api: ApiKind, data: bytes, payload: Mapping[str, Any]) -> Rendered:
         chat = api is ApiKind.CHAT_COMPLETIONS
         timeout = self._timeout
         if chat and any(
@@ -298,7 +338,8 @@ class TokenProducer:
         ids = answer.get("token_ids") if isinstance(answer, dict) else None
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("render answer has no token_ids list")
-        return tuple(ids)
+        features = answer.get("features") if chat and isinstance(answer, dict) else None
+        return tuple(ids), _mm_features(features)
 
     def _estimate_bytes(self, request: InferenceRequest) -> bytes:
         payload = request.body.payload
