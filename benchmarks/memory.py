@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{command}\nseed {args.seed}; {machine()}", file=sys.stderr, flush=True)
     runs = [run_child("default", args.requests, args.sample, args.seed)]
     for v in variants:
+        if runs[-1].error == "interrupted":
+            break  # Ctrl-C: report what was measured
         runs.append(run_child(v, args.variant_requests, args.sample, args.seed))
     every = 100_000 if args.requests >= 200_000 else args.sample
     out = [
