@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args_list[:1] == ["--child"]:
         return child_main(args_list[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=1_000_000, help="requests of the main run (default 1M)")
+    p.add_argument("--requests", type=int, default=1_000_000, help="requests of the main run (default 1M; 0: none)")
     p.add_argument("--variant-requests", type=int, default=200_000, help="requests per variant (0: no variants)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--sample", type=int, default=20_000, help="requests between samples (default 20000)")
@@ -329,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--variants: unknown {v!r}; choose from {', '.join(VARIANTS)}")
     command = command_line("benchmarks.memory", argv)
     print(f"{command}\nseed {args.seed}; {machine()}", file=sys.stderr, flush=True)
-    runs = [run_child("default", args.requests, args.sample, args.seed)]
+    runs = [run_child("default", args.requests, args.sample, args.seed)] if args.requests else []
     for v in variants:
-        if runs[-1].error == "interrupted":
+        if runs and runs[-1].error == "interrupted":
             break  # Ctrl-C: report what was measured
         runs.append(run_child(v, args.variant_requests, args.sample, args.seed))
     every = 100_000 if args.requests >= 200_000 else args.sample
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in runs:
         if r.samples:
-            out += [*table(r, every if r is runs[0] else args.sample * 5), ""]
+            out += [*table(r, every if r.name == "default" else args.sample * 5), ""]
     text = "\n".join(out)
     print(text)
     if args.output:
