@@ -195,6 +195,67 @@ def child_main(argv: Sequence[str]) -> int:
     return 0
 
 
+# --- through gRPC: `llm-epp serve` in its own process, a gRPC client playing Envoy ---------------------------
+
+
+async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, streams: int) -> Run:
+    """`llm-epp serve` (default options but a small `lruCapacityPerServer`, so the index is full after a few
+    thousand requests) fed over loopback gRPC by `streams` concurrent ext_proc streams at a time."""
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pbg
+
+    from llm_epp.config.defaults import DEFAULT_CONFIG
+    from llm_epp.gateway.epp_process import EppProcess
+
+    producer = f"- type: approx-prefix-cache-producer\n  parameters:\n    lruCapacityPerServer: {capacity}\n"
+    config = DEFAULT_CONFIG.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n" + producer)
+    endpoints = ",".join(f"10.0.0.{i}:8000" for i in range(1, ENDPOINTS + 1))
+    run = Run("grpc", f"llm-epp serve, lruCapacityPerServer {capacity}, {streams} streams at a time", [])
+    epp = EppProcess(
+        "--endpoints", endpoints, "--secure-serving=false", "--tracing=true", "--config-text", config,
+        env={"OTEL_TRACES_EXPORTER": "none"},
+    )  # fmt: skip
+    rng = random.Random(seed)
+    systems = [f"You are assistant {j}. {rng.randbytes(90).hex()}." for j in range(PREFIXES)]
+    started = time.perf_counter()
+    with epp:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}") as channel:
+            stub = pbg.ExternalProcessorStub(channel)
+
+            async def one(i: int) -> None:
+                call = stub.Process()
+                for msg in _messages(i, systems, rng):
+                    await call.write(msg)
+                await call.done_writing()
+                answers = [a async for a in call]
+                if len(answers) < 3 or answers[0].HasField("immediate_response"):
+                    raise RuntimeError(f"request {i} was not routed: {answers[:1]}")
+
+            def sample_row(done: int) -> None:
+                row = {"requests": done, "rss_kib": rss_kib(epp.pid), "py_blocks": None, "malloc_in_use": None}
+                row |= {"malloc_arena": None, "gc_objects": None, "seconds": round(time.perf_counter() - started, 1)}
+                row["index_entries"] = int(epp.metric_value("inference_extension_prefix_indexer_size"))
+                run.samples.append(row)
+                print(
+                    f"  grpc: {done:,} requests, VmRSS {row['rss_kib'] / 1024:.1f} MiB, index {row['index_entries']:,}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+            sample_row(0)
+            done = 0
+            try:
+                while done < requests:
+                    n = min(sample, requests - done)
+                    for start in range(done, done + n, streams):
+                        await asyncio.gather(*(one(i) for i in range(start, min(start + streams, done + n))))
+                    done += n
+                    sample_row(done)
+            except KeyboardInterrupt:
+                run.error = "interrupted"
+    return run
+
+
 # --- the parent: runs, slopes, report ---------------------------------------------------------------------
 
 
@@ -290,6 +351,10 @@ def summarise(run: Run, warmup: int) -> str:
     )
 
 
+def _cell(value: float | None, scale: float, spec: str) -> str:
+    return "n/a" if value is None else format(value / scale, spec)
+
+
 def table(run: Run, every: int) -> list[str]:
     out = [
         f"#### {run.name}: every {every:,} requests",
@@ -301,11 +366,10 @@ def table(run: Run, every: int) -> list[str]:
     for s in run.samples:
         if s["requests"] % every and s is not run.samples[-1]:
             continue
-        mi = "n/a" if s["malloc_in_use"] is None else f"{s['malloc_in_use'] / (1 << 20):.1f}"
-        ma = "n/a" if s["malloc_arena"] is None else f"{s['malloc_arena'] / (1 << 20):.1f}"
         out.append(
-            f"| {s['requests']:,} | {s['rss_kib'] / 1024:.1f} | {s['py_blocks'] / 1000:.0f} | {mi} | {ma} | "
-            f"{s['gc_objects']:,} | {s['index_entries']:,} | {s['seconds']:.0f} |"
+            f"| {s['requests']:,} | {s['rss_kib'] / 1024:.1f} | {_cell(s['py_blocks'], 1000, '.0f')} | "
+            f"{_cell(s['malloc_in_use'], 1 << 20, '.1f')} | {_cell(s['malloc_arena'], 1 << 20, '.1f')} | "
+            f"{_cell(s['gc_objects'], 1, ',.0f')} | {s['index_entries']:,} | {s['seconds']:.0f} |"
         )
     return out
 
@@ -320,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--sample", type=int, default=20_000, help="requests between samples (default 20000)")
     p.add_argument("--warmup", type=int, default=100_000, help="slopes are fitted after this many requests")
+    p.add_argument("--grpc-requests", type=int, default=0, help="then this many through `llm-epp serve` over gRPC")
+    p.add_argument("--grpc-capacity", type=int, default=2000, help="lruCapacityPerServer of the gRPC run")
+    p.add_argument("--grpc-streams", type=int, default=16, help="concurrent streams of the gRPC run")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(args_list)
@@ -334,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         if runs and runs[-1].error == "interrupted":
             break  # Ctrl-C: report what was measured
         runs.append(run_child(v, args.variant_requests, args.sample, args.seed))
+    if args.grpc_requests:
+        import uvloop
+
+        runs.append(
+            uvloop.run(_grpc_run(args.grpc_requests, args.sample, args.seed, args.grpc_capacity, args.grpc_streams))
+        )
     every = 100_000 if args.requests >= 200_000 else args.sample
     out = [
         "## EPP memory over many requests (in-process, the servicer path)",
@@ -354,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in runs:
         if r.samples:
-            out += [*table(r, every if r.name == "default" else args.sample * 5), ""]
+            out += [*table(r, every if r.name in ("default", "grpc") else args.sample * 5), ""]
     text = "\n".join(out)
     print(text)
     if args.output:
