@@ -198,7 +198,7 @@ def child_main(argv: Sequence[str]) -> int:
 # --- through gRPC: `llm-epp serve` in its own process, a gRPC client playing Envoy ---------------------------
 
 
-async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, streams: int) -> Run:
+async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, streams: int, cancel: bool) -> Run:
     """`llm-epp serve` (default options but a small `lruCapacityPerServer`, so the index is full after a few
     thousand requests) fed over loopback gRPC by `streams` concurrent ext_proc streams at a time."""
     import grpc
@@ -210,7 +210,8 @@ async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, stream
     producer = f"- type: approx-prefix-cache-producer\n  parameters:\n    lruCapacityPerServer: {capacity}\n"
     config = DEFAULT_CONFIG.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n" + producer)
     endpoints = ",".join(f"10.0.0.{i}:8000" for i in range(1, ENDPOINTS + 1))
-    run = Run("grpc", f"llm-epp serve, lruCapacityPerServer {capacity}, {streams} streams at a time", [])
+    ending = "each stream cancelled after its answers" if cancel else "each stream half-closed"
+    run = Run("grpc", f"llm-epp serve, lruCapacityPerServer {capacity}, {streams} streams at a time, {ending}", [])
     epp = EppProcess(
         "--endpoints", endpoints, "--secure-serving=false", "--tracing=true", "--config-text", config,
         env={"OTEL_TRACES_EXPORTER": "none"},
@@ -226,13 +227,22 @@ async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, stream
                 call = stub.Process()
                 for msg in _messages(i, systems, rng):
                     await call.write(msg)
-                await call.done_writing()
-                answers = [a async for a in call]
+                if cancel:  # as Envoy ends a stream whose response body is not sent: a cancellation
+                    answers = [await call.read() for _ in range(3)]
+                    call.cancel()
+                else:
+                    await call.done_writing()
+                    answers = [a async for a in call]
                 if len(answers) < 3 or answers[0].HasField("immediate_response"):
                     raise RuntimeError(f"request {i} was not routed: {answers[:1]}")
 
             def sample_row(done: int) -> None:
-                row = {"requests": done, "rss_kib": rss_kib(epp.pid), "py_blocks": None, "malloc_in_use": None}
+                row: dict[str, Any] = {
+                    "requests": done,
+                    "rss_kib": rss_kib(epp.pid),
+                    "py_blocks": None,
+                    "malloc_in_use": None,
+                }
                 row |= {"malloc_arena": None, "gc_objects": None, "seconds": round(time.perf_counter() - started, 1)}
                 row["index_entries"] = int(epp.metric_value("inference_extension_prefix_indexer_size"))
                 run.samples.append(row)
@@ -387,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-requests", type=int, default=0, help="then this many through `llm-epp serve` over gRPC")
     p.add_argument("--grpc-capacity", type=int, default=2000, help="lruCapacityPerServer of the gRPC run")
     p.add_argument("--grpc-streams", type=int, default=16, help="concurrent streams of the gRPC run")
+    p.add_argument(
+        "--grpc-cancel", action="store_true", help="the gRPC run cancels each stream after its answers, as Envoy does"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(args_list)
@@ -405,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         runs.append(
-            uvloop.run(_grpc_run(args.grpc_requests, args.sample, args.seed, args.grpc_capacity, args.grpc_streams))
+            uvloop.run(
+                _grpc_run(
+                    args.grpc_requests, args.sample, args.seed, args.grpc_capacity, args.grpc_streams, args.grpc_cancel
+                )
+            )
         )
     every = 100_000 if args.requests >= 200_000 else args.sample
     out = [
@@ -416,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         f"`llm-epp serve`'s components (default options and configuration, {ENDPOINTS} endpoints) fed one ext_proc "
         f"stream per request without gRPC's transport; distinct request ids; {PREFIXES} shared prefixes then "
         f"~{OWN_BYTES * 2} characters of each request's own. Slopes: least-squares per 100k requests over the "
-        f"samples from request {args.warmup:,} on (the prefix index is full well before). Python blocks: "
+        f"samples from request {args.warmup:,} on (read them where the index entries have stopped growing: ties "
+        "between endpoints are broken at random, so how many endpoints' LRUs fill differs from run to run). "
+        "Python blocks: "
         "`sys.getallocatedblocks()`; malloc in use: glibc `mallinfo2` (n/a under another allocator).",
         "",
         "| run | environment | requests | VmRSS at the end MiB | VmRSS slope | Python blocks slope "
