@@ -19,8 +19,13 @@ Variants (each its own child, after the main run): `arena2` (MALLOC_ARENA_MAX=2)
 `gc.freeze()` after startup), `jemalloc` and `mimalloc` (LD_PRELOAD of the system's library, skipped when it is
 not installed).
 
+`--grpc-requests N` then runs `llm-epp serve` itself and feeds it the same requests over loopback gRPC (its
+VmRSS only); `--grpc-cancel` ends each of those streams with a cancellation, as Envoy ends them when response
+bodies are not sent.
+
     python -m benchmarks.memory                             # 1M requests, then 200k per variant (~40 min idle)
     python -m benchmarks.memory --requests 300000 --variant-requests 0
+    python -m benchmarks.memory --requests 0 --variant-requests 0 --grpc-requests 60000 [--grpc-cancel]
     [--variants arena2,nofreeze,jemalloc,mimalloc] [--sample 20000] [--warmup 100000] [--seed 1] [--output FILE]
 """
 
