@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise bench-memory proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,9 @@ bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scr
 bench-chaos: $(STAMP)  # pods killed under load and a drain, through real Envoy; then the fuzz suite at 20x (~5 min)
 	$(BIN)/python -m benchmarks.chaos --output benchmarks/results/chaos.md
 	LLM_EPP_FUZZ_EXAMPLES=1600 $(BIN)/pytest -q tests/chaos/test_fuzz.py
+
+bench-memory: $(STAMP)  # EPP memory over 1M requests through serve's servicer in-process, then allocator and gc.freeze variants (~40 min idle)
+	nice -n 10 $(BIN)/python -m benchmarks.memory --output benchmarks/results/memory.md
 
 bench-director: $(STAMP)  # the whole director path per request, 8..1024 endpoints, snapshot kept vs rebuilt (~5 min)
 	$(BIN)/python -m benchmarks.director_cost --output benchmarks/results/director_cost.md

@@ -476,8 +476,9 @@ def _pick_api_and_shutdown_flags(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=1,
-        help="ext_proc worker processes sharing this process's scheduling state, on ports --grpc-port .. "
-        "--grpc-port+N-1 (list them all as EPP endpoints: llm-epp envoy-config --epp-workers N); default 1",
+        help="ext_proc worker processes sharing this process's scheduling state, on --grpc-port and the next "
+        "ports above it that are not the health, metrics or Pick API port (list them all as EPP endpoints: "
+        "llm-epp envoy-config --epp-workers N); default 1",
     )
 
 
@@ -728,19 +729,16 @@ def worker_problems(opts: Options) -> list[str]:
         if given:
             problems.append(f"{flag} is not supported with --workers {opts.workers}: {why}")
     if opts.grpc_port:
-        worker_ports = range(opts.grpc_port, opts.grpc_port + opts.workers)
-        if worker_ports[-1] > 65535:
-            problems.append(f"--grpc-port {opts.grpc_port} + --workers {opts.workers} runs past port 65535")
-        for flag, port in (
-            ("--grpc-health-port", opts.grpc_health_port),
-            ("--metrics-port", opts.metrics_port),
-            ("--pick-api-port", opts.pick_api_port),
-        ):
-            if port and port in worker_ports:
+        for flag, port in opts.other_ports():
+            if port == opts.grpc_port:
                 problems.append(
-                    f"{flag} {port} collides with the ext_proc worker ports {worker_ports[0]}-{worker_ports[-1]} "
-                    f"(--grpc-port {opts.grpc_port}, --workers {opts.workers}): move {flag} outside that range"
+                    f"{flag} {port} is the --grpc-port, where the first ext_proc worker listens: give {flag} "
+                    "another port"
                 )
+        try:
+            opts.worker_ports()
+        except ValueError:
+            problems.append(f"--grpc-port {opts.grpc_port} + --workers {opts.workers} runs past port 65535")
     return problems
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_GRPC_MAX_MSG_BYTES = 64 << 20  # ext_proc messages carry whole bodies; 0 in the flags means this
@@ -75,3 +76,35 @@ class Options:
     drain_timeout: float = 30.0
     # ext_proc worker processes over one scheduling state (1 = served by this process)
     workers: int = 1
+
+    def other_ports(self) -> tuple[tuple[str, int], ...]:
+        """The EPP's listening ports besides ext_proc, with their flags (0 = any free port: none to avoid)."""
+        named = (
+            ("--grpc-health-port", self.grpc_health_port),
+            ("--metrics-port", self.metrics_port),
+            ("--pick-api-port", self.pick_api_port),
+        )
+        return tuple((flag, port) for flag, port in named if port)
+
+    def worker_ports(self) -> tuple[int, ...]:
+        """The ext_proc port of each worker process (all 0, any free port, when `grpc_port` is 0). Raises
+        ValueError when the range runs past 65535."""
+        if not self.grpc_port:
+            return (0,) * self.workers
+        return worker_ports(self.grpc_port, self.workers, (port for _, port in self.other_ports()))
+
+
+def worker_ports(first: int, count: int, skip: Iterable[int] = ()) -> tuple[int, ...]:
+    """The ext_proc ports of `count` worker processes: `first`, then the next numbers above it that are not in
+    `skip` (the EPP's other ports: health, metrics, Pick API). `first` itself is never skipped. `serve --workers`
+    and `envoy-config --epp-workers` both use this, so they agree. Raises ValueError past port 65535."""
+    avoid = set(skip)
+    ports = [first]
+    port = first
+    while len(ports) < count:
+        port += 1
+        if port > 65535:
+            raise ValueError(f"{count} ports from {first} (skipping {sorted(avoid)}) run past port 65535")
+        if port not in avoid:
+            ports.append(port)
+    return tuple(ports)

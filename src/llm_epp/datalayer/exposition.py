@@ -37,6 +37,8 @@ _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 _INT = re.compile(r"[+-]?[0-9]+\Z")
 _MAX_PROBLEMS = 5
+LABEL_SETS_REMEMBERED = 4096
+"""Distinct label sets whose parse is kept (least recently used dropped first): a bound, whatever pages say."""
 
 
 class ExpositionError(ValueError):
@@ -108,7 +110,7 @@ def _sample(name: str, rest_bytes: bytes) -> Sample:
     labels: MappingProxyType[str, str] = _NO_LABELS
     rest = rest.lstrip(" \t")
     if rest.startswith("{"):
-        labels, end = _labels(rest)
+        labels, end = _labels_of_line(rest)
         rest = rest[end:]
     parts = rest.split()
     if not parts or len(parts) > 2:
@@ -120,6 +122,27 @@ def _sample(name: str, rest_bytes: bytes) -> Sample:
             raise ValueError(f"bad timestamp {parts[1][:20]!r}")
         timestamp = int(parts[1])
     return Sample(name, labels, value, timestamp)
+
+
+def _labels_of_line(rest: str) -> tuple[MappingProxyType[str, str], int]:
+    """`_labels(rest)`, remembered by the label set's text. A page repeats the same label sets poll after poll
+    (only values change), and a value or timestamp cannot hold a `}`: the label set ends at the last one on
+    the line. Anything unusual (no such set, or it does not end there) is parsed afresh, with its own error."""
+    close = rest.rfind("}") + 1
+    if close:
+        try:
+            labels, end = _label_set(rest[:close])
+        except ValueError:
+            pass
+        else:
+            if end == close:
+                return labels, end
+    return _labels(rest)
+
+
+@functools.lru_cache(maxsize=LABEL_SETS_REMEMBERED)
+def _label_set(text: str) -> tuple[MappingProxyType[str, str], int]:
+    return _labels(text)
 
 
 def _labels(text: str) -> tuple[MappingProxyType[str, str], int]:

@@ -93,9 +93,11 @@ class Scraper:
             self._ssl = client_ssl_context(insecure_skip_verify=not self.verify)
         return self._ssl
 
-    def session(self) -> ScrapeSession:
-        """A client for one endpoint's polls (one kept-alive connection); close it with `aclose()`."""
-        return ScrapeSession(self)
+    def session(self, *, accept: str = _ACCEPT, max_body: int = 0, text_plain: bool = True) -> ScrapeSession:
+        """A client for one endpoint's polls (one kept-alive connection); close it with `aclose()`. The
+        defaults fetch a metrics page (at most `MAX_PAGE_BYTES`); a JSON source asks for `application/json` and
+        takes any content type."""
+        return ScrapeSession(self, accept=accept, max_body=max_body, text_plain=text_plain)
 
     async def fetch(self, url: str) -> bytes:
         """One-off fetch through a session shared by all callers (tests, tools)."""
@@ -110,17 +112,21 @@ class Scraper:
 
 
 class ScrapeSession:
-    """One endpoint's polls. The connection follows the URL: a URL on another origin replaces it."""
+    """One endpoint's polls. The connection follows the URL: a URL on another origin replaces it.
+    `text_plain`: only a text/plain answer is a page (metrics); otherwise any content type is returned."""
 
-    def __init__(self, scraper: Scraper) -> None:
+    def __init__(self, scraper: Scraper, *, accept: str = _ACCEPT, max_body: int = 0, text_plain: bool = True) -> None:
         self._scraper = scraper
+        self._accept = accept
+        self._max_body = max_body or MAX_PAGE_BYTES
+        self._text_plain = text_plain
         self._url: str | None = None
         self._origin: tuple[str, str, int] | None = None
         self._path = "/"
         self._conn: HTTPConnection | None = None
 
     async def fetch(self, url: str) -> bytes:
-        """The body of a 200 text/plain answer from `url`; raises ScrapeError otherwise."""
+        """The body of a 200 (text/plain) answer from `url`; raises ScrapeError otherwise."""
         if url != self._url:
             self._target(url)
         conn = self._conn
@@ -136,13 +142,15 @@ class ScrapeSession:
         except ConnectionClosedError:
             raise ScrapeError("connection closed before the page was complete") from None
         except BodyTooLargeError:
-            raise ScrapeError(f"page larger than {MAX_PAGE_BYTES >> 20} MiB") from None
+            raise ScrapeError(f"page larger than {self._max_body >> 20} MiB") from None
         except ProtocolError as e:
             raise ScrapeError(f"HTTP protocol error ({e})") from None
         except HTTPClientError as e:
             raise ScrapeError(f"transport error ({type(e).__name__})") from None
         if response.status != 200:
             raise ScrapeError(f"HTTP {response.status}")
+        if not self._text_plain:
+            return response.body
         ctype = response.headers.get("content-type", "")
         if ctype and not ctype.lower().startswith("text/plain"):
             raise ScrapeError(f"content type {ctype.split(';', 1)[0].strip()}, not text/plain")
@@ -164,7 +172,7 @@ class ScrapeSession:
             conn = self._conn
             if conn is None or origin != self._origin:
                 ctx = self._scraper.ssl_context if tls else None
-                conn = HTTPConnection(host, origin[2], ssl_context=ctx, accept=_ACCEPT, max_body=MAX_PAGE_BYTES)
+                conn = HTTPConnection(host, origin[2], ssl_context=ctx, accept=self._accept, max_body=self._max_body)
             conn.request_bytes(path)  # checks the path
         except ValueError:  # a non-ASCII host, a path with spaces or control characters
             raise ScrapeError(f"invalid URL {url!r}") from None

@@ -19,19 +19,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.exposition import ExpositionError, parse
-from llm_epp.datalayer.http_client import (
-    BodyTooLargeError,
-    ConnectError,
-    ConnectionClosedError,
-    HTTPClientError,
-    HTTPConnection,
-    HTTPTimeoutError,
-    ProtocolError,
-)
 from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession
 from llm_epp.framework.datalayer import (
     PAYLOAD_JSON,
@@ -57,78 +47,6 @@ class DataLayerErrors(Protocol):
     def datalayer_poll_error(self, source_type: str) -> None: ...
 
     def datalayer_extract_error(self, source_type: str, extractor_type: str) -> None: ...
-
-
-class BodySession:
-    """One endpoint's polls of a JSON source: a kept-alive connection, the body of a 200 answer."""
-
-    def __init__(self, timeout: float, ssl_context_factory: Scraper) -> None:
-        self._timeout = timeout
-        self._scraper = ssl_context_factory
-        self._conn: HTTPConnection | None = None
-        self._origin: tuple[str, str, int] | None = None
-        self._url = ""
-        self._path = "/"
-
-    async def fetch(self, url: str) -> bytes:
-        if url != self._url:
-            self._target(url)
-        conn = self._conn
-        assert conn is not None
-        try:
-            response = await conn.get(self._path, self._timeout)
-        except HTTPTimeoutError as e:
-            what = "connect timeout" if e.connecting else "timeout"
-            raise ScrapeError(f"{what} after {self._timeout:g}s") from None
-        except ConnectError as e:
-            raise ScrapeError(_connect_reason(e)) from None
-        except ConnectionClosedError:
-            raise ScrapeError("connection closed before the answer was complete") from None
-        except BodyTooLargeError:
-            raise ScrapeError(f"answer larger than {MAX_BODY_BYTES >> 20} MiB") from None
-        except ProtocolError as e:
-            raise ScrapeError(f"HTTP protocol error ({e})") from None
-        except HTTPClientError as e:
-            raise ScrapeError(f"transport error ({type(e).__name__})") from None
-        if response.status != 200:
-            raise ScrapeError(f"HTTP {response.status}")
-        return response.body
-
-    def _target(self, url: str) -> None:
-        try:
-            parts = urlsplit(url)
-            scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
-        except ValueError:
-            raise ScrapeError(f"invalid URL {url!r}") from None
-        if scheme not in ("http", "https") or not host:
-            raise ScrapeError(f"invalid URL {url!r}")
-        tls = scheme == "https"
-        origin = (scheme, host, port or (443 if tls else 80))
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        try:
-            conn = self._conn
-            if conn is None or origin != self._origin:
-                ctx = self._scraper.ssl_context if tls else None
-                conn = HTTPConnection(host, origin[2], ssl_context=ctx, accept=_JSON_ACCEPT, max_body=MAX_BODY_BYTES)
-            conn.request_bytes(path)
-        except ValueError:
-            raise ScrapeError(f"invalid URL {url!r}") from None
-        if conn is not self._conn:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn, self._origin = conn, origin
-        self._url, self._path = url, path
-
-    async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.aclose()
-
-
-def _connect_reason(err: BaseException) -> str:
-    cause = err.__cause__
-    if isinstance(cause, ConnectionRefusedError):
-        return "connection refused"
-    return f"cannot connect ({type(cause or err).__name__})"
 
 
 @dataclass
@@ -233,8 +151,10 @@ class AttributeSourceRuntime:
         loop = asyncio.get_running_loop()
         state = self._states.setdefault(md.key, SourceState())
         assert self._scraper is not None
-        session: ScrapeSession | BodySession = (
-            BodySession(self._poll_timeout, self._scraper) if self._json else self._scraper.session()
+        session = (
+            self._scraper.session(accept=_JSON_ACCEPT, max_body=MAX_BODY_BYTES, text_plain=False)
+            if self._json
+            else self._scraper.session()
         )
         families = frozenset().union(
             *(ex.families(md) for ex in self.extractors if isinstance(ex, PageAttributeExtractor))
@@ -256,7 +176,7 @@ class AttributeSourceRuntime:
 
     async def poll_once(
         self,
-        session: ScrapeSession | BodySession,
+        session: ScrapeSession,
         md: EndpointMetadata,
         families: frozenset[str],
         state: SourceState,

@@ -46,6 +46,8 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import json_format
 
+from llm_epp.options import Options, worker_ports
+
 __all__ = [
     "DESTINATION_HEADER",
     "EPP_CLUSTER",
@@ -607,8 +609,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="the EPP runs with --workers N: its ext_proc ports are --epp-port .. --epp-port+N-1 (default 1)",
+        help="the EPP runs with --workers N: its ext_proc ports are --epp-port and the next ports above it "
+        "that are not the EPP's health, metrics or Pick API port, as serve chooses them (default 1)",
     )
+    epp = Options()
+    for flag, default, what in (
+        ("--epp-grpc-health-port", epp.grpc_health_port, "--grpc-health-port"),
+        ("--epp-metrics-port", epp.metrics_port, "--metrics-port"),
+        ("--epp-pick-api-port", epp.pick_api_port, "--pick-api-port"),
+    ):
+        g.add_argument(
+            flag,
+            type=int,
+            default=default,
+            metavar="PORT",
+            help=f"with --epp-workers: the EPP's {what}, which its worker ports skip (default %(default)s)",
+        )
     g.add_argument(
         "--epp-tls",
         action=argparse.BooleanOptionalAction,
@@ -698,7 +714,11 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
         "admin_port": args.admin_port,
         "epp_address": args.epp_address,
         "epp_port": args.epp_port,
-        "epp_ports": _worker_ports(args.epp_port, args.epp_workers),
+        "epp_ports": _worker_ports(
+            args.epp_port,
+            args.epp_workers,
+            (args.epp_grpc_health_port, args.epp_metrics_port, args.epp_pick_api_port),
+        ),
         "epp_tls": args.epp_tls,
         "failure_mode": args.failure_mode,
         "request_body_mode": args.request_body_mode,
@@ -714,14 +734,16 @@ def options_from_args(args: argparse.Namespace) -> EnvoyConfigOptions:
     return EnvoyConfigOptions(**values)
 
 
-def _worker_ports(port: int, workers: int) -> tuple[int, ...]:
+def _worker_ports(port: int, workers: int, other_ports: tuple[int, ...]) -> tuple[int, ...]:
+    """The ports `serve --workers` listens on (the same rule: `llm_epp.options.worker_ports`)."""
     if workers < 1:
         raise ValueError(f"--epp-workers must be at least 1, got {workers}")
     if workers == 1:
         return ()  # --epp-port alone (checked with the other options)
-    if port + workers - 1 > 65535:
-        raise ValueError(f"--epp-port {port} + --epp-workers {workers} runs past port 65535")
-    return tuple(range(port, port + workers))
+    try:
+        return worker_ports(port, workers, other_ports)
+    except ValueError:
+        raise ValueError(f"--epp-port {port} + --epp-workers {workers} runs past port 65535") from None
 
 
 QUEUE_MARGIN_S = 10.0

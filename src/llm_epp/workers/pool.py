@@ -36,7 +36,8 @@ class WorkerStartError(Exception):
 
 
 class WorkerPool:
-    """`opts.workers` fronts on ports `opts.grpc_port + i` (any free port each when `opts.grpc_port` is 0).
+    """`opts.workers` fronts on `opts.worker_ports()`: `opts.grpc_port` and the next ports above it that are not
+    the EPP's other ports (any free port each when `opts.grpc_port` is 0).
     `on_fatal(message)` is called when the fronts cannot be kept running."""
 
     def __init__(
@@ -82,15 +83,12 @@ class WorkerPool:
         """Starts every front and waits until each listens; returns their ports. Raises WorkerStartError."""
         await self.hub.start(self._socket)
         try:
-            await asyncio.gather(*(self._start_front(i, self._port_for(i)) for i in range(self.count)))
+            ports = self.opts.worker_ports()
+            await asyncio.gather(*(self._start_front(i, ports[i]) for i in range(self.count)))
         except BaseException:
             await self.stop(None)
             raise
         return list(self.ports)
-
-    def _port_for(self, index: int) -> int:
-        base = self.opts.grpc_port
-        return base + index if base else 0
 
     async def _start_front(self, index: int, port: int) -> None:
         loop = asyncio.get_running_loop()

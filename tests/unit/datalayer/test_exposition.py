@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_epp.datalayer import exposition
 from llm_epp.datalayer.exposition import ExpositionError, parse
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -225,3 +226,57 @@ def test_other_engine_pages_parse_cleanly(name: str) -> None:
     got = parse(body, names)
     assert got.complete
     assert got.samples
+
+
+def _every_name(text: str) -> frozenset[str]:
+    return frozenset(
+        line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")
+    )
+
+
+@pytest.mark.parametrize("name", ["vllm.txt", "sglang.txt", "triton.txt", "trtllm_serve.txt"])
+def test_remembered_label_sets_parse_as_a_fresh_parse_does(name: str) -> None:
+    text = (TESTDATA / name).read_text()
+    names = _every_name(text)
+    exposition._label_set.cache_clear()
+    first = parse(text.encode(), names)
+    second = parse(text.encode(), names)  # every label set now comes from memory
+    assert exposition._label_set.cache_info().hits > 0
+    assert first == second
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" in line:
+            rest = line[line.index("{") :]
+            assert exposition._labels_of_line(rest) == exposition._labels(rest)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'm{a="x"} 1 }',  # a brace after the value: the label set does not end at the last one
+        'm{a="x} 1',
+        'm{a="x",b} 1',
+        'm{a="1"}} 2',
+        'm{a="\\"}"} 3',
+    ],
+)
+def test_odd_label_sets_give_the_same_answer_as_before(line: str) -> None:
+    rest = line[line.index("{") :]
+    try:
+        expected: object = exposition._labels(rest)
+    except ValueError as e:
+        expected = str(e)
+    try:
+        got: object = exposition._labels_of_line(rest)
+    except ValueError as e:
+        got = str(e)
+    assert got == expected
+
+
+def test_label_sets_remembered_stay_within_their_bound() -> None:
+    exposition._label_set.cache_clear()
+    limit = exposition.LABEL_SETS_REMEMBERED
+    lines = "".join(f'm{{request="{i}"}} 1\n' for i in range(limit + 500))  # a server inventing label sets
+    got = parse(lines.encode(), {"m"})
+    assert len(got.samples["m"]) == limit + 500
+    assert got.samples["m"][-1].labels == {"request": str(limit + 499)}
+    assert exposition._label_set.cache_info().currsize == limit
