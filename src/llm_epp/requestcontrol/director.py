@@ -20,9 +20,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from llm_epp.flowcontrol import FlowController, Ticket
 from llm_epp.flowcontrol.controller import FlowControlRejected
@@ -177,6 +178,58 @@ class _FirstBodyClock:
 
 def _now_ns() -> int:
     return time.time_ns()
+
+
+async def _within(seconds: float, coro: Awaitable[None], clock: Callable[[], float]) -> None:
+    """`await coro` with a time limit (TimeoutError past it), where a coroutine that finishes without ever
+    waiting (the usual PrepareData plugin: work on the loop, nothing to wait for) costs no timer: it is run to
+    its first suspension by hand, and only one that suspends gets the rest of `seconds` as a deadline."""
+    if type(coro) is not types.CoroutineType:  # another awaitable: the plain way
+        async with asyncio.timeout(seconds):
+            await coro
+        return
+    started = clock()
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration:
+        return
+    except BaseException:
+        coro.close()
+        raise
+    async with asyncio.timeout(max(seconds - (clock() - started), 0.0)):
+        await _Resume(coro, waiting_on)
+
+
+class _Resume:
+    """Awaits the rest of a coroutine that was stepped by hand up to its first suspension: hands what it
+    waits on to the running task, and the task's results, exceptions (cancellation) and close to it, as
+    `yield from` / `await` would."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, value = self._coro, self._first
+        self._first = None
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:
+                try:
+                    value = coro.throw(e)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration:
+                    return
 
 
 class Director:
@@ -433,8 +486,7 @@ class Director:
         t0 = _now_ns() if trace is not None else 0
         for plugin in self.plugins.prepare_data:
             try:
-                async with asyncio.timeout(PREPARE_DATA_TIMEOUT_S):
-                    await plugin.prepare_data(cycle, request, candidates)
+                await _within(PREPARE_DATA_TIMEOUT_S, plugin.prepare_data(cycle, request, candidates), self.clock)
             except TimeoutError:
                 log.warning("prepare_data_timeout plugin=%s", plugin.typed_name)
             except Exception:
