@@ -293,7 +293,9 @@ class Director:
         if inp.body is None:
             return self._route_bodyless(inp, handle)
         trace = CURRENT_TRACE.get() if self.tracer.enabled else None
-        t0 = _now_ns() if trace is not None else 0
+        # Phases are timed only for a trace that records them (a sampled-out one only carries its context).
+        timed = trace if trace is not None and getattr(trace, "recording", True) else None
+        t0 = _now_ns() if timed is not None else 0
         body = inp.body
         headers = inp.headers
         path = request_path(headers)
@@ -333,9 +335,9 @@ class Director:
         handle.request, handle.parser, handle.parsed = request, parser, parsed
         handle.forwarded_bytes = len(body_out) if body_out is not None else len(body)
         cycle = handle.cycle
-        if trace is not None:
+        if timed is not None:
             t1 = _now_ns()
-            trace.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
+            timed.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
             t0 = t1
         ticket: Ticket | None = None
         try:
@@ -347,21 +349,21 @@ class Director:
                 self._shed_if_saturated(request, candidates)
             if self.plugins.screeners:
                 candidates = self._screen(request, candidates)
-            if trace is not None:
+            if timed is not None:
                 t1 = _now_ns()
-                trace.phase("admission", t0, t1)
+                timed.phase("admission", t0, t1)
                 t0 = t1
-            await self._prepare_and_admit(cycle, request, candidates, trace)
-            if trace is not None:
+            await self._prepare_and_admit(cycle, request, candidates, timed)
+            if timed is not None:
                 t0 = _now_ns()
             try:
                 result = self.scheduler.schedule(request, candidates, cycle)
             except SchedulingFailedError as e:
                 self.recorder.scheduler_attempt(False, target, "", "", "")
                 raise RequestDropped(ErrorCode.RESOURCE_EXHAUSTED, str(e), DROPPED_SATURATED) from None
-            if trace is not None:
+            if timed is not None:
                 t1 = _now_ns()
-                trace.phase("schedule", t0, t1)
+                timed.phase("schedule", t0, t1)
                 t0 = t1
         except EppError as e:
             if ticket is not None:
@@ -400,8 +402,8 @@ class Director:
             plugin_headers = cycle.read(REQUEST_HEADERS_KEY)
             if plugin_headers:
                 upstream.update((k.lower(), v) for k, v in plugin_headers.items())
-            if trace is not None:
-                trace.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
+            if timed is not None:
+                timed.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
         if ticket is not None:
             ticket.settle()  # its load is counted: the flow controller may release the next request
         if trace is not None:
