@@ -516,17 +516,18 @@ class Director:
         request = handle.request
         if request is None or not handle.scheduled:
             return ResponsePlan()
-        info = ResponseInfo(
-            status=seen.status,
-            headers=seen.headers,
-            served_endpoint=handle.served_endpoint,
-            streaming=seen.streaming,
-        )
-        for plugin in self.plugins.response_received:
-            try:
-                plugin.response_received(handle.cycle, request, info, endpoint)
-            except Exception:
-                self._plugin_failed("ResponseReceived", plugin.typed_name)
+        if self.plugins.response_received:
+            info = ResponseInfo(
+                status=seen.status,
+                headers=seen.headers,
+                served_endpoint=handle.served_endpoint,
+                streaming=seen.streaming,
+            )
+            for plugin in self.plugins.response_received:
+                try:
+                    plugin.response_received(handle.cycle, request, info, endpoint)
+                except Exception:
+                    self._plugin_failed("ResponseReceived", plugin.typed_name)
         reader = None
         parser, parsed = handle.parser, handle.parsed
         if parser is not None and parsed is not None and not parsed.skip_response_processing:
@@ -557,20 +558,21 @@ class Director:
                 fc.evictor.untrack(handle)  # confirms an eviction, if this request was evicted
             fc.notify()  # capacity may have freed for a queued request
         status = outcome.status or handle.status
-        info = ResponseInfo(
-            status=status,
-            served_endpoint=handle.served_endpoint or (endpoint.hostport if endpoint is not None else ""),
-            usage=outcome.usage,
-            streaming=handle.streaming,
-            complete=outcome.complete,
-            first_body_at=handle.first_body_at,
-        )
         cycle = handle.cycle
-        for plugin in self.plugins.response_complete:
-            try:
-                plugin.response_complete(cycle, request, info, endpoint)
-            except Exception:
-                self._plugin_failed("ResponseComplete", plugin.typed_name)
+        if self.plugins.response_complete:
+            info = ResponseInfo(
+                status=status,
+                served_endpoint=handle.served_endpoint or (endpoint.hostport if endpoint is not None else ""),
+                usage=outcome.usage,
+                streaming=handle.streaming,
+                complete=outcome.complete,
+                first_body_at=handle.first_body_at,
+            )
+            for plugin in self.plugins.response_complete:
+                try:
+                    plugin.response_complete(cycle, request, info, endpoint)
+                except Exception:
+                    self._plugin_failed("ResponseComplete", plugin.typed_name)
         rec = self.recorder
         incoming, target = request.incoming_model, request.target_model
         rec.running_requests(incoming, -1)
