@@ -1007,6 +1007,14 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             out.append("")
 
 
+def _parts(text: str) -> str:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in ("1", "2", "3", "4", "picker", "all")]
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1, 2, 3, 4, picker or all (a comma list for several)")
+    return ",".join(parts)
+
+
 def _split_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -1021,7 +1029,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("1", "2", "3", "4", "picker", "all"), default="all")
+    p.add_argument(
+        "--part",
+        type=_parts,
+        default="all",
+        help="1, 2, 3, 4, picker or all; a comma list runs several in one go (e.g. picker,3,1)",
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny run of parts 3 and 4 (< 1 min), for the test suite")
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of alternating targets (default 2)")
@@ -1062,7 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.part == "all":
             args.part = "3+4"
             notes.append("smoke run: parts 1 (wrk) and 2 (streaming) skipped.")
-    selected = {"all": "P3412", "3+4": "34", "picker": "P"}.get(args.part, args.part)
+    selected = "".join({"all": "P3412", "3+4": "34", "picker": "P"}.get(part, part) for part in args.part.split(","))
     if "1" in selected and shutil.which("wrk") is None:
         selected = selected.replace("1", "")
         notes.append("part 1 skipped: wrk is not installed (Debian: apt-get install wrk).")

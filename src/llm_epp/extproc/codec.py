@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -143,6 +144,12 @@ def _mutation(sets: bytes, remove: Sequence[str]) -> bytes:
 _WENT_INTO_RESP_HEADERS = _set_header(h.WENT_INTO_RESP_HEADERS, "true")
 
 
+@functools.lru_cache(maxsize=4096)
+def _destination_header(destination: str) -> bytes:
+    """The destination `set_headers` entry, kept per destination (a pool has few)."""
+    return _set_header(h.DESTINATION, destination)
+
+
 class _MetadataCache:
     """Serialised `dynamic_metadata` fragments per destination. A ProcessingResponse's wire form is the
     concatenation of its fields, so the fragment is appended to the serialised headers answer."""
@@ -194,7 +201,7 @@ def _routing_common(
 ) -> bytes:
     """A CommonResponse (wire bytes) setting the destination header (and content-length, extra headers),
     removing `remove`, replacing the body when `new_body` is given, and clearing the route cache."""
-    sets = _set_header(h.DESTINATION, destination)
+    sets = _destination_header(destination)
     if content_length is not None:
         sets += _set_header(h.CONTENT_LENGTH, str(content_length))
     for k, v in extra:

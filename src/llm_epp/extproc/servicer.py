@@ -433,10 +433,15 @@ def _upstream_mutation(
     extra = list(decision.upstream_headers.items())
     if st.request_id_generated:
         extra.append((h.REQUEST_ID, st.request_id))
+    if _FORBIDDEN.isdisjoint(headers):  # the usual request: the client sent none of them
+        return extra, []
     setting = {name for name, _ in extra}
     setting.add(h.DESTINATION)
     remove = [name for name in h.CLIENT_FORBIDDEN if name in headers and name not in setting]
     return extra, remove
+
+
+_FORBIDDEN = frozenset(h.CLIENT_FORBIDDEN) - {h.DESTINATION}  # the EPP sets the destination header itself
 
 
 def explain_scores(decision: RoutingDecision) -> str:

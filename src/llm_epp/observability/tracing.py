@@ -30,7 +30,9 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -38,7 +40,7 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import llm_epp
@@ -53,6 +55,9 @@ DEFAULT_OTLP_ENDPOINT = "http://localhost:4317"
 DEFAULT_SAMPLER = "parentbased_traceidratio"
 DEFAULT_SAMPLER_ARG = 0.1
 REQUEST_SPAN = "gateway.request"
+_TRACEPARENT = "traceparent"
+_BAGGAGE = "baggage"
+_RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C trace context level 2 flag, newer SDKs set it
 SCOPE = "llm-epp"
 
 
@@ -92,6 +97,37 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
         )
         return ParentBased(TraceIdRatioBased(DEFAULT_SAMPLER_ARG))
     return ParentBased(TraceIdRatioBased(_ratio(arg)))
+
+
+_TRACE_ID_LOW_BITS = (1 << 64) - 1
+
+
+def root_sampling_bound(sampler: Sampler) -> int | None:
+    """For a sampler whose decision on a request without a parent depends on the trace id alone (ratio,
+    always-off, and their parent-based forms): the bound the trace id's low 64 bits must stay under to be
+    sampled. None for any other sampler."""
+    if isinstance(sampler, ParentBased):
+        sampler = sampler._root  # the sampler ParentBased asks for spans without a parent
+    if sampler is ALWAYS_OFF:
+        return 0
+    if type(sampler) is TraceIdRatioBased:
+        return sampler.bound
+    return None
+
+
+class _PresetTraceIds(RandomIdGenerator):
+    """The SDK's random ids, except that a trace id drawn ahead (to decide sampling before asking the SDK for a
+    span) is the next one handed out, so the SDK's span carries it."""
+
+    def __init__(self) -> None:
+        self.preset = 0
+
+    def generate_trace_id(self) -> int:
+        trace_id = self.preset
+        if trace_id:
+            self.preset = 0
+            return trace_id
+        return super().generate_trace_id()
 
 
 class TracingSetupError(RuntimeError):
@@ -142,19 +178,41 @@ def resource_from_env() -> Resource:
 
 
 class OtelTracer:
-    """`Tracer` on an OpenTelemetry SDK `TracerProvider` of its own (the global provider is left alone)."""
+    """`Tracer` on an OpenTelemetry SDK `TracerProvider` of its own (the global provider is left alone).
+
+    A request that continues no trace (no `traceparent`, no `baggage`) is decided first when the provider's
+    sampler decides on the trace id alone (`root_sampling_bound`) and the provider draws ids through
+    `_PresetTraceIds` (as `build_tracer` sets it up): a sampled-out request then gets no SDK span, only its
+    trace context for the model server (`traceparent` with a fresh trace and span id, the flags the SDK would
+    set), which costs a few microseconds instead of the SDK's span machinery."""
 
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self._tracer = provider.get_tracer(SCOPE, llm_epp.__version__)
         self._propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+        ids = provider.id_generator
+        bound = root_sampling_bound(provider.sampler)
+        usable = isinstance(ids, _PresetTraceIds) and isinstance(self._tracer, SdkTracer)
+        self._ids = ids if usable and isinstance(ids, _PresetTraceIds) else None
+        self._root_bound = bound if self._ids is not None else None
+        self._unsampled_flags = f"{TraceFlags.DEFAULT | _RANDOM_TRACE_ID if ids.is_trace_id_random() else 0:02x}"
 
     @property
     def enabled(self) -> bool:
         return True
 
     def start_request(self, request_id: str, headers: Mapping[str, str]) -> RequestTrace:
-        parent = self._propagator.extract(headers)
+        bound = self._root_bound
+        if bound is not None and _TRACEPARENT not in headers and _BAGGAGE not in headers:
+            ids = self._ids
+            assert ids is not None
+            trace_id = ids.generate_trace_id()
+            if trace_id & _TRACE_ID_LOW_BITS >= bound:  # the ratio sampler's rule: sampled out
+                return UnsampledRequestTrace(trace_id, ids.generate_span_id(), self._unsampled_flags)
+            ids.preset = trace_id  # sampled: the SDK's span gets this trace id
+            parent = Context()
+        else:
+            parent = self._propagator.extract(headers)
         span = self._tracer.start_span(
             REQUEST_SPAN, context=parent, kind=SpanKind.SERVER, attributes={"request.id": request_id}
         )
@@ -163,6 +221,37 @@ class OtelTracer:
     def shutdown(self) -> None:
         """Exports what is buffered and stops the exporters."""
         self.provider.shutdown()
+
+
+class UnsampledRequestTrace:
+    """A request sampled out before any span was made: phases, events and attributes are dropped, `inject`
+    writes the W3C `traceparent` the SDK's non-recording span would (version 00, trace id, span id, flags)."""
+
+    __slots__ = ("_flags", "_span_id", "_trace_id")
+
+    recording = False
+
+    def __init__(self, trace_id: int, span_id: int, flags: str) -> None:
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._flags = flags
+
+    def phase(
+        self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> None:
+        pass
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        pass
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        pass
+
+    def inject(self, headers: dict[str, str]) -> None:
+        headers[_TRACEPARENT] = f"00-{self._trace_id:032x}-{self._span_id:016x}-{self._flags}"
+
+    def end(self, status: int = 0, error: str = "") -> None:
+        pass
 
 
 class OtelRequestTrace:
@@ -181,6 +270,11 @@ class OtelRequestTrace:
         self._context = context
         self._recording = span.is_recording()  # False when sampled out: only the context is propagated
         self._ended = False
+
+    @property
+    def recording(self) -> bool:
+        """Whether phases and events are recorded (False when sampled out)."""
+        return self._recording
 
     def phase(
         self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
@@ -220,7 +314,9 @@ def build_tracer(
     if not enabled:
         return NULL_TRACER
     env = os.environ if env is None else env
-    provider = TracerProvider(sampler=sampler_from_env(env), resource=resource_from_env())
+    provider = TracerProvider(
+        sampler=sampler_from_env(env), resource=resource_from_env(), id_generator=_PresetTraceIds()
+    )
     if processors:
         for processor in processors:
             provider.add_span_processor(processor)
@@ -247,6 +343,11 @@ class PluginSpanRecorder:
 
     def __init__(self, inner: Recorder) -> None:
         self.inner = inner
+        # Every other call goes straight to the inner recorder's bound method (no hop through this class).
+        for name in _PASSED_THROUGH:
+            method = getattr(inner, name, None)
+            if method is not None:
+                setattr(self, name, method)
 
     def __getattr__(self, name: str) -> Any:  # methods beyond the protocol (e.g. Prometheus pool gauges)
         return getattr(self.inner, name)
@@ -254,7 +355,7 @@ class PluginSpanRecorder:
     def plugin_duration(self, extension_point: str, plugin: TypedName, seconds: float) -> None:
         self.inner.plugin_duration(extension_point, plugin, seconds)
         trace = CURRENT_TRACE.get()
-        if trace is not None:
+        if trace is not None and getattr(trace, "recording", True):
             end = time.time_ns()
             trace.phase(
                 f"plugin.{extension_point}",
@@ -314,6 +415,13 @@ class PluginSpanRecorder:
             completion_tokens,
             cached_tokens,
         )
+
+
+_PASSED_THROUGH = tuple(
+    name
+    for name, value in vars(PluginSpanRecorder).items()
+    if callable(value) and not name.startswith("_") and name != "plugin_duration"
+)
 
 
 def with_plugin_spans(recorder: Recorder, tracer: Tracer) -> Recorder:

@@ -20,9 +20,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from llm_epp.flowcontrol import FlowController, Ticket
 from llm_epp.flowcontrol.controller import FlowControlRejected
@@ -179,6 +180,58 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
+async def _within(seconds: float, coro: Awaitable[None], clock: Callable[[], float]) -> None:
+    """`await coro` with a time limit (TimeoutError past it), where a coroutine that finishes without ever
+    waiting (the usual PrepareData plugin: work on the loop, nothing to wait for) costs no timer: it is run to
+    its first suspension by hand, and only one that suspends gets the rest of `seconds` as a deadline."""
+    if type(coro) is not types.CoroutineType:  # another awaitable: the plain way
+        async with asyncio.timeout(seconds):
+            await coro
+        return
+    started = clock()
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration:
+        return
+    except BaseException:
+        coro.close()
+        raise
+    async with asyncio.timeout(max(seconds - (clock() - started), 0.0)):
+        await _Resume(coro, waiting_on)
+
+
+class _Resume:
+    """Awaits the rest of a coroutine that was stepped by hand up to its first suspension: hands what it
+    waits on to the running task, and the task's results, exceptions (cancellation) and close to it, as
+    `yield from` / `await` would."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, value = self._coro, self._first
+        self._first = None
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:
+                try:
+                    value = coro.throw(e)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration:
+                    return
+
+
 class Director:
     """Routes requests and runs the request-control hooks. `clock` times every duration it measures (inject a
     virtual clock to run it in simulated time); `parsers` in resolution order (see `ParserTable`)."""
@@ -240,7 +293,9 @@ class Director:
         if inp.body is None:
             return self._route_bodyless(inp, handle)
         trace = CURRENT_TRACE.get() if self.tracer.enabled else None
-        t0 = _now_ns() if trace is not None else 0
+        # Phases are timed only for a trace that records them (a sampled-out one only carries its context).
+        timed = trace if trace is not None and getattr(trace, "recording", True) else None
+        t0 = _now_ns() if timed is not None else 0
         body = inp.body
         headers = inp.headers
         path = request_path(headers)
@@ -280,9 +335,9 @@ class Director:
         handle.request, handle.parser, handle.parsed = request, parser, parsed
         handle.forwarded_bytes = len(body_out) if body_out is not None else len(body)
         cycle = handle.cycle
-        if trace is not None:
+        if timed is not None:
             t1 = _now_ns()
-            trace.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
+            timed.phase("parse", t0, t1, {"parser": parser.typed_name.type, "model": incoming})
             t0 = t1
         ticket: Ticket | None = None
         try:
@@ -294,21 +349,21 @@ class Director:
                 self._shed_if_saturated(request, candidates)
             if self.plugins.screeners:
                 candidates = self._screen(request, candidates)
-            if trace is not None:
+            if timed is not None:
                 t1 = _now_ns()
-                trace.phase("admission", t0, t1)
+                timed.phase("admission", t0, t1)
                 t0 = t1
-            await self._prepare_and_admit(cycle, request, candidates, trace)
-            if trace is not None:
+            await self._prepare_and_admit(cycle, request, candidates, timed)
+            if timed is not None:
                 t0 = _now_ns()
             try:
                 result = self.scheduler.schedule(request, candidates, cycle)
             except SchedulingFailedError as e:
                 self.recorder.scheduler_attempt(False, target, "", "", "")
                 raise RequestDropped(ErrorCode.RESOURCE_EXHAUSTED, str(e), DROPPED_SATURATED) from None
-            if trace is not None:
+            if timed is not None:
                 t1 = _now_ns()
-                trace.phase("schedule", t0, t1)
+                timed.phase("schedule", t0, t1)
                 t0 = t1
         except EppError as e:
             if ticket is not None:
@@ -347,8 +402,8 @@ class Director:
             plugin_headers = cycle.read(REQUEST_HEADERS_KEY)
             if plugin_headers:
                 upstream.update((k.lower(), v) for k, v in plugin_headers.items())
-            if trace is not None:
-                trace.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
+            if timed is not None:
+                timed.phase("pre_request", t0, _now_ns(), {"endpoint": destination})
         if ticket is not None:
             ticket.settle()  # its load is counted: the flow controller may release the next request
         if trace is not None:
@@ -434,8 +489,8 @@ class Director:
         for plugin in self.plugins.prepare_data:
             try:
                 # a plugin that waits on purpose (a batching window) says how long it needs
-                async with asyncio.timeout(getattr(plugin, "prepare_data_timeout_s", PREPARE_DATA_TIMEOUT_S)):
-                    await plugin.prepare_data(cycle, request, candidates)
+                deadline = getattr(plugin, "prepare_data_timeout_s", PREPARE_DATA_TIMEOUT_S)
+                await _within(deadline, plugin.prepare_data(cycle, request, candidates), self.clock)
             except TimeoutError:
                 log.warning("prepare_data_timeout plugin=%s", plugin.typed_name)
             except Exception:
@@ -463,17 +518,18 @@ class Director:
         request = handle.request
         if request is None or not handle.scheduled:
             return ResponsePlan()
-        info = ResponseInfo(
-            status=seen.status,
-            headers=seen.headers,
-            served_endpoint=handle.served_endpoint,
-            streaming=seen.streaming,
-        )
-        for plugin in self.plugins.response_received:
-            try:
-                plugin.response_received(handle.cycle, request, info, endpoint)
-            except Exception:
-                self._plugin_failed("ResponseReceived", plugin.typed_name)
+        if self.plugins.response_received:
+            info = ResponseInfo(
+                status=seen.status,
+                headers=seen.headers,
+                served_endpoint=handle.served_endpoint,
+                streaming=seen.streaming,
+            )
+            for plugin in self.plugins.response_received:
+                try:
+                    plugin.response_received(handle.cycle, request, info, endpoint)
+                except Exception:
+                    self._plugin_failed("ResponseReceived", plugin.typed_name)
         reader = None
         parser, parsed = handle.parser, handle.parsed
         if parser is not None and parsed is not None and not parsed.skip_response_processing:
@@ -504,20 +560,21 @@ class Director:
                 fc.evictor.untrack(handle)  # confirms an eviction, if this request was evicted
             fc.notify()  # capacity may have freed for a queued request
         status = outcome.status or handle.status
-        info = ResponseInfo(
-            status=status,
-            served_endpoint=handle.served_endpoint or (endpoint.hostport if endpoint is not None else ""),
-            usage=outcome.usage,
-            streaming=handle.streaming,
-            complete=outcome.complete,
-            first_body_at=handle.first_body_at,
-        )
         cycle = handle.cycle
-        for plugin in self.plugins.response_complete:
-            try:
-                plugin.response_complete(cycle, request, info, endpoint)
-            except Exception:
-                self._plugin_failed("ResponseComplete", plugin.typed_name)
+        if self.plugins.response_complete:
+            info = ResponseInfo(
+                status=status,
+                served_endpoint=handle.served_endpoint or (endpoint.hostport if endpoint is not None else ""),
+                usage=outcome.usage,
+                streaming=handle.streaming,
+                complete=outcome.complete,
+                first_body_at=handle.first_body_at,
+            )
+            for plugin in self.plugins.response_complete:
+                try:
+                    plugin.response_complete(cycle, request, info, endpoint)
+                except Exception:
+                    self._plugin_failed("ResponseComplete", plugin.typed_name)
         rec = self.recorder
         incoming, target = request.incoming_model, request.target_model
         rec.running_requests(incoming, -1)

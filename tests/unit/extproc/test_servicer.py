@@ -187,6 +187,15 @@ async def test_client_control_headers_are_removed(harness: Harness) -> None:
     assert set(removed(ctx.sent[0])) == set(control)
 
 
+async def test_a_client_destination_header_is_overwritten_not_removed(harness: Harness) -> None:
+    """The EPP sets the destination itself, so a client's copy is replaced by the set, and no other header goes."""
+    ctx = await harness.run(
+        [headers_msg({**POST, "x-gateway-destination-endpoint": "6.6.6.6:1"}), body_msg(body(), True)]
+    )
+    assert set_headers(ctx.sent[0])["x-gateway-destination-endpoint"] in ENDPOINTS
+    assert removed(ctx.sent[0]) == []
+
+
 @pytest.mark.parametrize(
     ("path", "payload", "fragment"),
     [

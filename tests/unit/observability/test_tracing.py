@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from llm_epp.framework import NullRecorder
 from llm_epp.framework.plugin import TypedName
@@ -15,6 +20,7 @@ from llm_epp.observability.tracing import (
     DEFAULT_SERVICE_NAME,
     OtelTracer,
     PluginSpanRecorder,
+    UnsampledRequestTrace,
     build_tracer,
     shutdown_tracer,
     with_plugin_spans,
@@ -144,3 +150,89 @@ def test_an_otlp_exporter_that_cannot_load_is_a_startup_error_with_the_fix(monke
     with pytest.raises(tracing.TracingSetupError, match="force-reinstall --no-deps opentelemetry-proto"):
         tracing.exporters_from_env({"OTEL_TRACES_EXPORTER": "otlp"})
     assert tracing.exporters_from_env({"OTEL_TRACES_EXPORTER": "none"}) == []
+
+
+def _sdk_only(sampler: object) -> OtelTracer:
+    """The same tracer without the decide-first path (the SDK's own id generator): the reference behaviour."""
+    return OtelTracer(TracerProvider(sampler=sampler))  # type: ignore[arg-type]
+
+
+def _traceparents(tracer: OtelTracer, requests: int, headers: dict[str, str] | None = None) -> list[str]:
+    random.seed(7)  # both tracers draw their ids from the `random` module in the same order
+    out = []
+    for _ in range(requests):
+        trace = tracer.start_request("r", headers or {})
+        upstream: dict[str, str] = {}
+        trace.inject(upstream)
+        trace.end(200)
+        out.append(upstream["traceparent"])
+    return out
+
+
+@pytest.mark.parametrize(
+    ("sampler", "env"),
+    [
+        (ParentBased(TraceIdRatioBased(0.3)), {"OTEL_TRACES_SAMPLER_ARG": "0.3"}),
+        (TraceIdRatioBased(0.5), {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}),
+        (ParentBased(ALWAYS_OFF), {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}),
+    ],
+    ids=["default-parentbased-ratio", "ratio", "always-off"],
+)
+def test_deciding_first_propagates_exactly_what_the_sdk_would(sampler: object, env: dict[str, str]) -> None:
+    fast = build_tracer(True, {"OTEL_TRACES_EXPORTER": "none", **env})
+    assert isinstance(fast, OtelTracer)
+    got = _traceparents(fast, 400)
+    want = _traceparents(_sdk_only(sampler), 400)
+    assert got == want  # same trace ids, span ids and flags, sampled or not
+    flags = {p.rsplit("-", 1)[1] for p in got}
+    if env.get("OTEL_TRACES_SAMPLER") == "parentbased_always_off":
+        assert {int(f, 16) & 1 for f in flags} == {0}
+    else:
+        assert {int(f, 16) & 1 for f in flags} == {0, 1}  # both decisions were exercised
+
+
+def test_sampled_out_requests_skip_the_sdk_and_record_nothing() -> None:
+    exported = InMemorySpanExporter()
+    tracer = build_tracer(True, {"OTEL_TRACES_SAMPLER_ARG": "0"}, processors=(SimpleSpanProcessor(exported),))
+    assert isinstance(tracer, OtelTracer)
+    trace = tracer.start_request("r", {"user-agent": "x"})
+    assert isinstance(trace, UnsampledRequestTrace) and not trace.recording
+    token = CURRENT_TRACE.set(trace)
+    try:
+        with_plugin_spans(NullRecorder(), tracer).plugin_duration("Scorer", TypedName("queue-scorer", "q"), 0.001)
+        trace.phase("parse", 1, 2)
+    finally:
+        CURRENT_TRACE.reset(token)
+    trace.end(200)
+    assert exported.get_finished_spans() == ()
+
+
+def test_a_sampled_request_decided_first_is_the_sdks_span_with_that_trace_id() -> None:
+    exported = InMemorySpanExporter()
+    tracer = build_tracer(True, {"OTEL_TRACES_SAMPLER_ARG": "1"}, processors=(SimpleSpanProcessor(exported),))
+    assert isinstance(tracer, OtelTracer)
+    upstream = _drive(tracer, {})
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    assert set(spans) == {"gateway.request", "parse", "schedule", "plugin.scorer"}
+    _, trace_id, span_id, flags = upstream["traceparent"].split("-")
+    request = spans["gateway.request"].context
+    assert (f"{request.trace_id:032x}", f"{request.span_id:016x}") == (trace_id, span_id)
+    assert int(flags, 16) & 1 == 1
+
+
+def test_a_request_with_trace_context_or_baggage_goes_through_the_sdk() -> None:
+    tracer = build_tracer(True, {"OTEL_TRACES_EXPORTER": "none", "OTEL_TRACES_SAMPLER_ARG": "0"})
+    assert isinstance(tracer, OtelTracer)
+    parent = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"}
+    assert _traceparents(tracer, 5, parent) == _traceparents(_sdk_only(ParentBased(TraceIdRatioBased(0))), 5, parent)
+    trace = tracer.start_request("r", {"baggage": "tenant=a"})
+    upstream: dict[str, str] = {}
+    trace.inject(upstream)
+    assert upstream["baggage"] == "tenant=a"
+
+
+def test_the_plugin_span_recorder_hands_other_calls_straight_to_the_inner_recorder() -> None:
+    inner = NullRecorder()
+    recorder = PluginSpanRecorder(inner)
+    assert recorder.running_requests == inner.running_requests
+    assert recorder.request_completed == inner.request_completed
