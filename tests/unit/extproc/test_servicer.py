@@ -155,7 +155,7 @@ schedulingProfiles:
 
 async def test_conformance_selection_header_needs_the_filter_plugin(harness: Harness) -> None:
     picked = set()
-    for _ in range(12):  # the default config: the header picks nothing, load spreads the requests
+    for _ in range(24):  # the default config: the header picks nothing, load spreads the requests
         ctx = await harness.run(
             [headers_msg({**POST, "test-epp-endpoint-selection": "10.0.0.3:8001"}), body_msg(body(), True)]
         )
