@@ -34,6 +34,8 @@ time queued at the EPP (flow control's own account), and 429/503 counts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import random
 import sys
@@ -85,11 +87,16 @@ KV_HOME = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {keepPrefixHome: true}\n",
 )
+KV_IN_ORDER = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {dispatchWindow: 0}\n",
+)
 ROUTERS: dict[str, str | None] = {
     "round-robin": "",
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom, in-order dispatch": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,
 }
 """Label -> EndpointPickerConfig (None: the default; "": no EPP)."""
@@ -321,6 +328,17 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
     return "\n".join(lines)
 
 
+def save_json(path: Path, runs: Sequence[RunResult], seed: int, seconds: float, skip: float) -> None:
+    """Adds the runs to the JSON list in `path` (created when missing), one object per router, factor and seed."""
+    entries: list[dict[str, object]] = json.loads(path.read_text()) if path.exists() else []
+    for run_ in runs:
+        entry = dataclasses.asdict(run_)
+        entry.update(seed=seed, seconds=seconds, skip=skip)
+        entries.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
@@ -331,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny profile and workload, seconds of wall time")
     ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
     ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
+    ap.add_argument("--json", type=Path, help="also add each run's figures (with its seed) to this JSON list")
     args = ap.parse_args(argv)
     args.argv = argv
     args.factors = [float(f) for f in args.factors.split(",")]
@@ -354,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.append and args.output.exists():
         text = args.output.read_text().rstrip("\n") + "\n\n" + text
     args.output.write_text(text)
+    if args.json is not None:
+        save_json(args.json, runs, args.seed, args.seconds, args.skip)
     print(text)
     return 0
 
