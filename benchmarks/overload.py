@@ -43,8 +43,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.report import command_line, machine
+from benchmarks.stats import fmt_interval
 from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
@@ -339,6 +341,45 @@ def save_json(path: Path, runs: Sequence[RunResult], seed: int, seconds: float, 
     path.write_text(json.dumps(entries, indent=1) + "\n")
 
 
+def _entry_totals(entry: dict[str, Any]) -> dict[str, float]:
+    """One run's headline figures from its JSON entry (both tenants; ITL of the flood, TTFT of interactive)."""
+    rows = {r["tenant"]: r for r in entry["rows"]}
+    measured = sum(r["measured"] for r in rows.values())
+    return {
+        "done": sum(r["completion_rate"] for r in rows.values()),
+        "preempt": sum(r["preemptions_per_request"] * r["measured"] for r in rows.values()) / max(measured, 1),
+        "itl": rows["flood"]["itl"][0] * 1000,
+        "ttft90": rows["interactive"]["ttft"][1],
+        "expired": sum(r["expired_503"] for r in rows.values()),
+    }
+
+
+def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
+    """Means over seeds with 95% t-intervals, per load and router; the change in completions against the
+    reference default is paired by seed (routers on the same seed share the trace)."""
+    runs: dict[tuple[float, str], dict[int, dict[str, float]]] = {}
+    for e in entries:
+        runs.setdefault((e["factor"], e["router"]), {})[e["seed"]] = _entry_totals(e)
+    lines = [
+        "| load | router | seeds | done/s (both tenants) | vs reference default (paired) | preempt/req | "
+        "ITL p50 ms (flood) | TTFT p90 s (interactive) | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    for factor, router in sorted(runs, key=lambda k: (k[0], order.get(k[1], 99))):
+        by_seed = runs[(factor, router)]
+        seeds = sorted(by_seed)
+        ref = runs.get((factor, "reference default"), {})
+        paired = [by_seed[s]["done"] / ref[s]["done"] - 1 for s in seeds if s in ref]
+        col = {k: [by_seed[s][k] for s in seeds] for k in ("done", "preempt", "itl", "ttft90", "expired")}
+        lines.append(
+            f"| {factor:g}x | {router} | {','.join(map(str, seeds))} | {fmt_interval(col['done'])} | "
+            f"{fmt_interval(paired, 1, percent=True) if paired else 'n/a'} | {fmt_interval(col['preempt'])} | "
+            f"{fmt_interval(col['itl'], 1)} | {fmt_interval(col['ttft90'], 1)} | {fmt_interval(col['expired'], 0)} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
@@ -350,8 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
     ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
     ap.add_argument("--json", type=Path, help="also add each run's figures (with its seed) to this JSON list")
+    ap.add_argument(
+        "--summarize", type=Path, nargs="+", metavar="JSON", help="print the means over seeds of these --json files"
+    )
     args = ap.parse_args(argv)
     args.argv = argv
+    if args.summarize:
+        entries = [e for path in args.summarize for e in json.loads(path.read_text())]
+        print("\n".join(seeds_summary(entries)))
+        return 0
     args.factors = [float(f) for f in args.factors.split(",")]
     labels = [r.strip() for r in args.routers.split(",") if r.strip()]
     unknown = [r for r in labels if r not in ROUTERS]
