@@ -20,7 +20,11 @@ Routers:
 * ``reference + flow control``: the same with the ``flowControl`` gate and llm-d-router's defaults
   (``utilization-detector``: queue depth 5, KV 0.8; TTL 60 s; strict priority, global-strict fairness);
 * ``llm-epp kv-headroom``: the same flow control with ``kv-cache-headroom-detector`` as the saturation
-  detector and as a filter in the profile (dispatch only where the predicted KV peak fits).
+  detector and as a filter in the profile (dispatch only where the predicted KV peak fits), with its
+  affinity-aware dispatch at the defaults (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10);
+* ``llm-epp kv-headroom (in-order dispatch)``: the same with ``dispatchWindow: 0`` (flow control releases
+  strictly in queue order);
+* ``llm-epp kv-headroom + prefix home``: the detector's ``keepPrefixHome``.
 
 Figures from the requests arriving after ``--skip`` seconds: completions per second in the measured window
 (and output tokens/s), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per finished request,
@@ -28,7 +32,9 @@ time queued at the EPP (flow control's own account), and 429/503 counts.
 
     python -m benchmarks.overload                       # 1.5x and 3x, 180 s each, all routers (~30 min)
     python -m benchmarks.overload --smoke               # seconds: tiny profile and workload (tests)
+    python -m benchmarks.overload --summarize a.json b.json   # means over seeds of runs saved with --json
     [--factors 1.5,3] [--seconds 180] [--skip 60] [--seed 1] [--routers a,b] [--output FILE] [--append]
+    [--json FILE]
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ ROUTERS: dict[str, str | None] = {
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
-    "llm-epp kv-headroom, in-order dispatch": KV_IN_ORDER,
+    "llm-epp kv-headroom (in-order dispatch)": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,
 }
 """Label -> EndpointPickerConfig (None: the default; "": no EPP)."""

@@ -171,7 +171,7 @@ SYSTEM = "You are a careful assistant. " * 80  # ~2,300 characters: 36 blocks of
 @pytest.mark.parametrize(("home_kv", "expected"), [(0.1, Placement.HOME_FITS), (0.95, Placement.HOME_FULL)])
 def test_a_queued_request_is_placed_by_where_its_prefix_is_held(home_kv: float, expected: Placement) -> None:
     det = factory("kv", Params(), FakeHandle())
-    assert det.dispatch_window == 8 and det.dispatch_max_wait == 3.0
+    assert det.dispatch_window == 16 and det.dispatch_max_wait == 10.0
     home, other = _ep("a", kv=home_kv), _ep("b", kv=0.1, address="10.0.0.2")
     _hold(det, _prompted(SYSTEM + "first question"), home)
     queued = det.affinity_key(_prompted(SYSTEM + "second question"))

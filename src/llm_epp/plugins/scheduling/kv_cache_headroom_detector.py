@@ -40,14 +40,14 @@ Configuration:
         of the endpoints with room: the request waits in that model server's queue rather than copying its
         prefix to another one (more sharing, at the risk of the overflow the prediction warns of).
 
-    dispatchWindow (int in [0, 64], default 8): affinity-aware dispatch under flow control. When capacity frees,
+    dispatchWindow (int in [0, 64], default 16): affinity-aware dispatch under flow control. When capacity frees,
         flow control looks at the first `dispatchWindow` requests of the flow its fairness policy picked and
         releases the first whose prefix is held (by requests in flight) on an endpoint with room for it, else
         the first whose prefix nobody holds; when every one of them would have to copy its prefix to another
         endpoint, it releases nothing until one fits (priority bands stay strict: lower bands wait too).
         As a filter, a request whose prefix endpoint has room is then kept on it. 0 releases strictly in
         queue order, as upstream flow control does.
-    dispatchMaxWaitSeconds (float > 0, default 3): a request that has been among those first requests this
+    dispatchMaxWaitSeconds (float > 0, default 10): a request that has been among those first requests this
         long is released first, wherever its prefix is (no request starves for its affinity).
 
     saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom));
@@ -96,8 +96,8 @@ class Params(PluginParams):
         default=100.0, gt=0.0, allow_inf_nan=False, alias="defaultInterTokenLatencyMs"
     )
     keep_prefix_home: bool = Field(default=False, alias="keepPrefixHome")
-    dispatch_window: int = Field(default=8, ge=0, le=64, alias="dispatchWindow")
-    dispatch_max_wait: float = Field(default=3.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
+    dispatch_window: int = Field(default=16, ge=0, le=64, alias="dispatchWindow")
+    dispatch_max_wait: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
 
 
 @dataclass(slots=True)
@@ -147,7 +147,7 @@ class KvCacheHeadroomDetector:
         default_itl: float = 0.1,
         keep_prefix_home: bool = False,
         dispatch_window: int = 0,
-        dispatch_max_wait: float = 3.0,
+        dispatch_max_wait: float = 10.0,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self._handle = handle
