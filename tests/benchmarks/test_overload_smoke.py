@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) -> None:
     out_file = tmp_path / "overload.md"
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.overload", "--smoke", "--seed", "3", "--output", str(out_file)]
-        + ["--json", str(tmp_path / "overload.json")],
+        [
+            *(sys.executable, "-m", "benchmarks.overload", "--smoke", "--seed", "3", "--output", str(out_file)),
+            *("--json", str(tmp_path / "overload.json")),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
