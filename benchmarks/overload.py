@@ -20,7 +20,11 @@ Routers:
 * ``reference + flow control``: the same with the ``flowControl`` gate and llm-d-router's defaults
   (``utilization-detector``: queue depth 5, KV 0.8; TTL 60 s; strict priority, global-strict fairness);
 * ``llm-epp kv-headroom``: the same flow control with ``kv-cache-headroom-detector`` as the saturation
-  detector and as a filter in the profile (dispatch only where the predicted KV peak fits).
+  detector and as a filter in the profile (dispatch only where the predicted KV peak fits), with its
+  affinity-aware dispatch at the defaults (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10);
+* ``llm-epp kv-headroom (in-order dispatch)``: the same with ``dispatchWindow: 0`` (flow control releases
+  strictly in queue order);
+* ``llm-epp kv-headroom + prefix home``: the detector's ``keepPrefixHome``.
 
 Figures from the requests arriving after ``--skip`` seconds: completions per second in the measured window
 (and output tokens/s), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per finished request,
@@ -28,12 +32,16 @@ time queued at the EPP (flow control's own account), and 429/503 counts.
 
     python -m benchmarks.overload                       # 1.5x and 3x, 180 s each, all routers (~30 min)
     python -m benchmarks.overload --smoke               # seconds: tiny profile and workload (tests)
+    python -m benchmarks.overload --summarize a.json b.json   # means over seeds of runs saved with --json
     [--factors 1.5,3] [--seconds 180] [--skip 60] [--seed 1] [--routers a,b] [--output FILE] [--append]
+    [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import random
 import sys
@@ -41,8 +49,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.report import command_line, machine
+from benchmarks.stats import fmt_interval
 from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
@@ -85,11 +95,16 @@ KV_HOME = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {keepPrefixHome: true}\n",
 )
+KV_IN_ORDER = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {dispatchWindow: 0}\n",
+)
 ROUTERS: dict[str, str | None] = {
     "round-robin": "",
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom (in-order dispatch)": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,
 }
 """Label -> EndpointPickerConfig (None: the default; "": no EPP)."""
@@ -321,6 +336,56 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
     return "\n".join(lines)
 
 
+def save_json(path: Path, runs: Sequence[RunResult], seed: int, seconds: float, skip: float) -> None:
+    """Adds the runs to the JSON list in `path` (created when missing), one object per router, factor and seed."""
+    entries: list[dict[str, object]] = json.loads(path.read_text()) if path.exists() else []
+    for run_ in runs:
+        entry = dataclasses.asdict(run_)
+        entry.update(seed=seed, seconds=seconds, skip=skip)
+        entries.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+
+
+def _entry_totals(entry: dict[str, Any]) -> dict[str, float]:
+    """One run's headline figures from its JSON entry (both tenants; ITL of the flood, TTFT of interactive)."""
+    rows = {r["tenant"]: r for r in entry["rows"]}
+    measured = sum(r["measured"] for r in rows.values())
+    return {
+        "done": sum(r["completion_rate"] for r in rows.values()),
+        "preempt": sum(r["preemptions_per_request"] * r["measured"] for r in rows.values()) / max(measured, 1),
+        "itl": rows["flood"]["itl"][0] * 1000,
+        "ttft90": rows["interactive"]["ttft"][1],
+        "expired": sum(r["expired_503"] for r in rows.values()),
+    }
+
+
+def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
+    """Means over seeds with 95% t-intervals, per load and router; the change in completions against the
+    reference default is paired by seed (routers on the same seed share the trace)."""
+    runs: dict[tuple[float, str], dict[int, dict[str, float]]] = {}
+    for e in entries:
+        runs.setdefault((e["factor"], e["router"]), {})[e["seed"]] = _entry_totals(e)
+    lines = [
+        "| load | router | seeds | done/s (both tenants) | vs reference default (paired) | preempt/req | "
+        "ITL p50 ms (flood) | TTFT p90 s (interactive) | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    for factor, router in sorted(runs, key=lambda k: (k[0], order.get(k[1], 99))):
+        by_seed = runs[(factor, router)]
+        seeds = sorted(by_seed)
+        ref = runs.get((factor, "reference default"), {})
+        paired = [by_seed[s]["done"] / ref[s]["done"] - 1 for s in seeds if s in ref]
+        col = {k: [by_seed[s][k] for s in seeds] for k in ("done", "preempt", "itl", "ttft90", "expired")}
+        lines.append(
+            f"| {factor:g}x | {router} | {','.join(map(str, seeds))} | {fmt_interval(col['done'])} | "
+            f"{fmt_interval(paired, 1, percent=True) if paired else 'n/a'} | {fmt_interval(col['preempt'])} | "
+            f"{fmt_interval(col['itl'], 1)} | {fmt_interval(col['ttft90'], 1)} | {fmt_interval(col['expired'], 0)} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
@@ -331,8 +396,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny profile and workload, seconds of wall time")
     ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
     ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
+    ap.add_argument("--json", type=Path, help="also add each run's figures (with its seed) to this JSON list")
+    ap.add_argument(
+        "--summarize", type=Path, nargs="+", metavar="JSON", help="print the means over seeds of these --json files"
+    )
     args = ap.parse_args(argv)
     args.argv = argv
+    if args.summarize:
+        entries = [e for path in args.summarize for e in json.loads(path.read_text())]
+        print("\n".join(seeds_summary(entries)))
+        return 0
     args.factors = [float(f) for f in args.factors.split(",")]
     labels = [r.strip() for r in args.routers.split(",") if r.strip()]
     unknown = [r for r in labels if r not in ROUTERS]
@@ -354,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.append and args.output.exists():
         text = args.output.read_text().rstrip("\n") + "\n\n" + text
     args.output.write_text(text)
+    if args.json is not None:
+        save_json(args.json, runs, args.seed, args.seconds, args.skip)
     print(text)
     return 0
 

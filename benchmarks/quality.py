@@ -22,7 +22,10 @@ Routers:
 * ``llm-epp best``: :data:`BEST_CONFIG`, the best configuration found (its docstring says why), or
   ``--best-config FILE``;
 * ``locality-bound``: every request of a prefix group to one fixed pod (perfect reuse, no load
-  awareness): the upper bound on prefix reuse, not a usable router.
+  awareness): the upper bound on prefix reuse, not a usable router;
+* ``llm-epp + kv-headroom flow control``: the default scorers with flow control gated by
+  ``kv-cache-headroom-detector`` (also a filter; affinity-aware dispatch at its defaults), as in
+  ``benchmarks.overload`` (llm-d.ai apiVersion: a queued request gets 503 after 60 s).
 
     python -m benchmarks.quality                  # 8 pods full ladder, then 32 and 128 pods (see --help)
     python -m benchmarks.quality --pods 8         # only the anchor size
@@ -57,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.overload import KV_HEADROOM
 from benchmarks.report import command_line, machine
 from benchmarks.stats import fmt_interval, t_interval
 from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
@@ -128,6 +132,7 @@ ROUTERS: dict[str, tuple[str, str | None]] = {
     "llm-epp default": ("llm-epp", None),
     "llm-epp best": ("llm-epp", BEST_CONFIG),
     "locality-bound": ("locality-bound", None),
+    "llm-epp + kv-headroom flow control": ("llm-epp", KV_HEADROOM),
 }
 
 

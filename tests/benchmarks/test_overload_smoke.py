@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) -> None:
     out_file = tmp_path / "overload.md"
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.overload", "--smoke", "--seed", "3", "--output", str(out_file)],
+        [
+            *(sys.executable, "-m", "benchmarks.overload", "--smoke", "--seed", "3", "--output", str(out_file)),
+            *("--json", str(tmp_path / "overload.json")),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -39,3 +42,17 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         assert int(r[4]) > 0, "requests were measured"
         assert float(r[5].replace(",", "")) >= 0
         assert int(r[11]) >= 0 and int(r[12]) >= 0
+    # the JSON list feeds the means over seeds: one row per load and router, paired against the reference
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overload", "--summarize", str(tmp_path / "overload.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    means = [line.split("|")[1:4] for line in out.stdout.splitlines() if line.startswith(("| 1.5x", "| 3x"))]
+    assert [(m[0].strip(), m[1].strip(), m[2].strip()) for m in means] == [
+        (load, router, "3") for load in ("1.5x", "3x") for router in ROUTERS
+    ]
+    assert "| 1.5x | reference default | 3 |" in out.stdout and "+0.0%" in out.stdout

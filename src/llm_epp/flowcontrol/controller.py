@@ -10,6 +10,10 @@ flow's ordering policy its head, which is released. One request is released per 
 runs once the released request has been scheduled and its load counted (`Ticket.settle`), when a request
 ends (`notify`), on enqueue, and every `poll_interval` seconds while requests wait (metrics change).
 
+With a saturation detector that implements `DispatchAffinity` (window > 0), the picked flow's request is
+chosen among its first requests by where their prefixes are held (`dispatch.py`); otherwise, and always with
+upstream's detectors, strictly the first.
+
 With eviction on (`config.eviction`), a cycle stopped by a blocked band also asks the reclamation whether to
 evict dispatched lower-priority requests for it (`eviction.py`).
 """
@@ -24,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llm_epp.flowcontrol.config import FlowControlConfig
+from llm_epp.flowcontrol.dispatch import choose
 from llm_epp.flowcontrol.eviction import (
     Reclamation,
     ReclamationConfig,
@@ -31,9 +36,9 @@ from llm_epp.flowcontrol.eviction import (
     RequestEvictor,
     confirmation_grace,
 )
-from llm_epp.flowcontrol.queues import DISPATCHED, FINISHED, QUEUED, Band, Item
+from llm_epp.flowcontrol.queues import DISPATCHED, FINISHED, QUEUED, Band, FlowQueue, Item
 from llm_epp.framework.errors import EppError, ErrorCode
-from llm_epp.framework.flowcontrol import SaturationDetector
+from llm_epp.framework.flowcontrol import DispatchAffinity, SaturationDetector
 from llm_epp.framework.flowpolicy import FlowKey
 from llm_epp.framework.types import Endpoint, InferenceRequest
 
@@ -130,6 +135,9 @@ class FlowController:
         self.last_saturation = 0.0
         self._regime: bool | None = None  # whether the pool had endpoints when last looked at
         self._clock = clock
+        self.affinity: DispatchAffinity | None = None
+        if isinstance(saturation, DispatchAffinity) and saturation.dispatch_window > 0:
+            self.affinity = saturation
         self.evictor: RequestEvictor | None = None
         self.reclamation: Reclamation | None = None
         if config.eviction is not None:
@@ -180,6 +188,8 @@ class FlowController:
         ttl = self.config.request_ttl if has_endpoints else self.config.no_endpoint_request_ttl
         future: asyncio.Future[None] = loop.create_future()
         item = Item(request, key, now, received_at if received_at is not None else now, ttl or None, future)
+        if self.affinity is not None:
+            item.affinity = self.affinity.affinity_key(request)
         band.add(item)
         self.length += 1
         self.bytes += item.size_bytes
@@ -347,7 +357,14 @@ class FlowController:
             if view is None:
                 continue
             q = band.flows.get(view.key.id)
-            item = q.pop() if q is not None else None
+            if q is None:
+                continue
+            if self.affinity is None:
+                item = q.pop()
+            else:
+                item = self._pick_by_affinity(q, endpoints, self.affinity)
+                if item is None and len(q):
+                    return  # the band holds its requests for their prefixes' endpoints: strict priority
             if item is None:
                 continue
             self._account_exit(item, band, QueueOutcome.DISPATCHED)
@@ -355,6 +372,27 @@ class FlowController:
             self.unsettled += 1
             item.future.set_result(None)
             return
+
+    def _pick_by_affinity(self, q: FlowQueue, endpoints: Sequence[Endpoint], affinity: DispatchAffinity) -> Item | None:
+        """Takes the request to release out of `q` (see `dispatch.py`), or None to hold them all."""
+        window = q.pop_window(affinity.dispatch_window)
+        if not window:
+            return None
+        now = self.now()
+        since: list[float] = []
+        for item in window:
+            if item.in_window_since is None:
+                item.in_window_since = now
+            since.append(item.in_window_since)
+        try:
+            placements = [affinity.placement(item.affinity, endpoints) for item in window]
+        except Exception:
+            q.restore(window)  # a failing detector loses no request; the cycle logs it and retries
+            raise
+        chosen = choose(placements, since, now, affinity.dispatch_max_wait)
+        picked = window.pop(chosen) if chosen is not None else None
+        q.restore(window)
+        return picked
 
     def _maybe_reclaim(self, saturation: float, priorities: list[int], ceilings: list[float], first: int) -> None:
         """The cycle stopped at band `first`: evict for the highest blocked band that has queued requests of a

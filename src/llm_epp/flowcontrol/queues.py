@@ -20,7 +20,20 @@ _seq = itertools.count()
 class Item:
     """A queued request and the future its caller waits on."""
 
-    __slots__ = ("enqueued_at", "future", "key", "received_at", "request", "seq", "size_bytes", "state", "timer", "ttl")
+    __slots__ = (
+        "affinity",
+        "enqueued_at",
+        "future",
+        "in_window_since",
+        "key",
+        "received_at",
+        "request",
+        "seq",
+        "size_bytes",
+        "state",
+        "timer",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -41,6 +54,10 @@ class Item:
         self.state = QUEUED
         self.timer: asyncio.TimerHandle | None = None
         self.seq = next(_seq)
+        self.affinity: object = None
+        """The saturation detector's affinity key (affinity-aware dispatch only)."""
+        self.in_window_since: float | None = None
+        """When the request first was among the first requests affinity-aware dispatch looks at."""
 
 
 class _Entry:
@@ -110,6 +127,21 @@ class FlowQueue:
         item = heapq.heappop(self._heap).item
         self._forget(item)
         return item
+
+    def pop_window(self, k: int) -> list[Item]:
+        """Takes the first `k` queued items out, in order; `restore` puts back those not released."""
+        out: list[Item] = []
+        while len(out) < k:
+            item = self.pop()
+            if item is None:
+                break
+            out.append(item)
+        return out
+
+    def restore(self, items: Sequence[Item]) -> None:
+        """Puts back items taken by `pop_window` (they keep their place: the order is the policy's, then arrival)."""
+        for item in items:
+            self.push(item)
 
     def remove(self, item: Item) -> None:
         """Takes a still-queued item out (its entry is skipped later)."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
-from llm_epp.framework.types import Endpoint
+from llm_epp.framework.types import Endpoint, InferenceRequest
 
 
 @runtime_checkable
@@ -18,3 +19,35 @@ class SaturationDetector(Protocol):
     def typed_name(self) -> TypedName: ...
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+class Placement(enum.IntEnum):
+    """Where a queued request would go if released now (see `DispatchAffinity`)."""
+
+    HOME_FITS = 0
+    """Requests in flight on an endpoint hold its prefix, and that endpoint has room for it."""
+    NO_HOME = 1
+    """No endpoint holds its prefix: it costs its whole prompt wherever it goes."""
+    HOME_FULL = 2
+    """Endpoints hold its prefix, but none of them has room for it: released now, it would copy the prefix."""
+
+
+@runtime_checkable
+class DispatchAffinity(Protocol):
+    """Optional for a saturation detector: lets flow control release, within the flow its fairness policy
+    picked, a queued request that fits where its prefix is held instead of strictly the first in order.
+
+    `dispatch_window` is how many of the flow's first requests (in the ordering policy's order) are looked at;
+    0 turns the step off (flow control releases strictly in order, as upstream). A request that has been in
+    that window for `dispatch_max_wait` seconds is released before any other (age beats affinity).
+    `affinity_key` runs once per queued request; `placement` on every dispatch cycle, synchronous and cheap."""
+
+    @property
+    def dispatch_window(self) -> int: ...
+
+    @property
+    def dispatch_max_wait(self) -> float: ...
+
+    def affinity_key(self, request: InferenceRequest) -> object: ...
+
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement: ...

@@ -647,6 +647,22 @@ class Cluster:
             return
         self._inflight[routed.id] = (_InFlight(routed, stage.index, pod, arrival, leg=leg), stage)
         self._reschedule(pod)
+        signal = router.eviction_signal(routed)
+        if signal is not None:
+            signal.add_done_callback(lambda _: self._evict(routed, pod, stage, arrival))
+
+    def _evict(self, routed: RoutedRequest, pod: int, stage: _Stage, arrival: float) -> None:
+        """The router evicted a running request: the client gets 429 and the pod aborts it (as Envoy resets
+        the upstream request)."""
+        now = self.clock
+        self._advance(pod, now)  # it may have finished at this very instant
+        if self._inflight.pop(routed.id, None) is None:
+            return
+        self.engines[pod].abort(routed.id)
+        self._reschedule(pod)
+        assert self._router is not None
+        self._router.on_evicted(routed, pod, now)
+        stage.add(self._failed(routed, stage.index, pod, arrival, now, 429))
 
     @staticmethod
     def _failed(routed: RoutedRequest, stage: int, pod: int, arrival: float, now: float, status: int) -> RequestResult:

@@ -8,6 +8,7 @@ hooks).  A change of the director's API is a change here.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ class Routed:
     _handle: RequestHandle
     upstream_headers: Mapping[str, str] = field(default_factory=dict)
     """Headers the EPP sets on the upstream request (``x-prefiller-host-port`` for a split request)."""
+    eviction: asyncio.Future[None] | None = None
+    """Resolved when flow control evicts the request (``enableEviction``); None: it cannot be evicted."""
 
 
 class DirectorClient:
@@ -51,7 +54,8 @@ class DirectorClient:
             decision = await self._director.route(RequestInput(request_id, dict(headers), body, subset))
         except EppError as e:
             raise Refused(e.code.http_status, e.message) from None
-        return Routed(decision.endpoint, decision.handle, dict(decision.upstream_headers))
+        handle = decision.handle
+        return Routed(decision.endpoint, handle, dict(decision.upstream_headers), handle.eviction)
 
     def response_started(self, routed: Routed, status: int = 200) -> None:
         """The model server's response headers arrived (a streamed response: at its first token)."""
@@ -59,7 +63,7 @@ class DirectorClient:
             routed._handle, ResponseSeen(status=status, served_endpoint=routed.endpoint.hostport, streaming=True)
         )
 
-    def finish(self, routed: Routed, status: int, usage: Usage | None = None) -> None:
-        """The response ended (completely) with `status`: releases the reservation and runs the completion
-        hooks, exactly once."""
-        self._director.finish(routed._handle, Outcome(complete=True, status=status, usage=usage))
+    def finish(self, routed: Routed, status: int, usage: Usage | None = None, *, complete: bool = True) -> None:
+        """The response ended with `status` (`complete` False: cut short, e.g. evicted): releases the
+        reservation and runs the completion hooks, exactly once."""
+        self._director.finish(routed._handle, Outcome(complete=complete, status=status, usage=usage))

@@ -226,6 +226,7 @@ class _Block:
 
 class _Req:
     __slots__ = (
+        "aborted",
         "blocks",
         "cached_tokens",
         "external",
@@ -266,6 +267,7 @@ class _Req:
         self.cached_tokens = -1  # set at first admission
         self.preemptions = 0
         self.external = request.external_tokens
+        self.aborted = False
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Token ids in ``[start, end)``: prompt, then generated (:func:`generated_token_id`)."""
@@ -361,6 +363,28 @@ class Engine:
         self._waiting.append(_Req(request, hashes, self._bs))
         if self._step is None and self._step_start is None:
             self._step_start = now
+
+    def abort(self, request_id: str) -> bool:
+        """Ends ``request_id`` without further events, as vLLM aborts a request whose client went away: a
+        request in the step being executed leaves at the step's end (its blocks free then), any other at once.
+        False when the engine does not have it."""
+        if request_id not in self._active_ids:
+            return False
+        step = self._step
+        for r, _n in step.scheduled if step is not None else ():
+            if r.rid == request_id:
+                r.aborted = True
+                return True
+        self._active_ids.discard(request_id)
+        for queue in (self._waiting, self._running):
+            for r in queue:
+                if r.rid == request_id:
+                    queue.remove(r)
+                    self._release(r)
+                    break
+        if not self._running and not self._waiting:
+            self._step_start = None
+        return True
 
     def next_event_time(self) -> float | None:
         """When the current step ends (its events are then due), or None when there is nothing to do."""
@@ -631,6 +655,11 @@ class Engine:
         finished = False
         listener = self.kv_listener
         for r, n in step.scheduled:
+            if r.aborted:
+                finished = True
+                self._active_ids.discard(r.rid)
+                self._release(r)
+                continue
             r.num_computed += n
             full = r.num_computed // bs
             if len(r.hashes) < full:
@@ -667,6 +696,6 @@ class Engine:
                     )
                 )
         if finished:
-            self._running = [r for r in self._running if r.num_output < r.max_tokens]
+            self._running = [r for r in self._running if r.num_output < r.max_tokens and not r.aborted]
         if self._running or self._waiting:
             self._step_start = t

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +103,13 @@ class Router:
     def upstream_headers(self, request: RoutedRequest) -> Mapping[str, str]:
         """Headers the router sets on the request it sends to the pod (``x-prefiller-host-port``)."""
         return {}
+
+    def eviction_signal(self, request: RoutedRequest) -> asyncio.Future[None] | None:
+        """Resolved when the router ends ``request`` while it runs (flow control's eviction); None: never."""
+        return None
+
+    def on_evicted(self, request: RoutedRequest, pod: int, now: float) -> None:
+        """Called when ``request`` was ended on ``pod`` after its ``eviction_signal`` (the client got 429)."""
 
 
 class RoundRobinRouter(Router):
@@ -289,6 +297,13 @@ class EppRouter(Router):
 
     def on_rejected(self, request: RoutedRequest, pod: int, now: float) -> None:
         self._client.finish(self._routed.pop(request.id), 400)
+
+    def eviction_signal(self, request: RoutedRequest) -> asyncio.Future[None] | None:
+        routed = self._routed.get(request.id)
+        return routed.eviction if routed is not None else None
+
+    def on_evicted(self, request: RoutedRequest, pod: int, now: float) -> None:
+        self._client.finish(self._routed.pop(request.id), 429, complete=False)
 
 
 ROUTERS = ("round-robin", "random", "least-queue", "locality-bound", "llm-epp")

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from llm_epp.flowcontrol import BandConfig, FlowControlConfig, FlowController
+from llm_epp.flowcontrol import BandConfig, FlowControlConfig, FlowController, Ticket
 from llm_epp.framework import TypedName
 from llm_epp.framework.types import Endpoint, InferenceRequest
 from llm_epp.plugins.flowcontrol.fcfs_ordering_policy import FcfsOrderingPolicy
@@ -56,3 +56,19 @@ def req(rid: str, fairness: str = "default-flow", priority: int = 0, size: int =
 async def settle_loop(rounds: int = 5) -> None:
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+class Order:
+    """Runs requests through the controller; records the order in which they are released."""
+
+    def __init__(self, fc: FlowController) -> None:
+        self.fc = fc
+        self.released: list[str] = []
+        self.tickets: dict[str, Ticket] = {}
+
+    async def run(self, r: InferenceRequest, settle: bool = True) -> None:
+        ticket = await self.fc.enqueue_and_wait(r)
+        self.released.append(r.request_id)
+        self.tickets[r.request_id] = ticket
+        if settle:
+            ticket.settle()

@@ -7,27 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from llm_epp.flowcontrol import FlowController, QueueOutcome, Ticket
+from llm_epp.flowcontrol import FlowController, QueueOutcome
 from llm_epp.flowcontrol.controller import FlowControlRejected
 from llm_epp.framework import ErrorCode, TypedName
-from llm_epp.framework.types import InferenceRequest
-from tests.unit.flowcontrol.support import Saturation, config, controller, req, settle_loop
-
-
-class Order:
-    """Runs requests through the controller; records the order in which they are released."""
-
-    def __init__(self, fc: FlowController) -> None:
-        self.fc = fc
-        self.released: list[str] = []
-        self.tickets: dict[str, Ticket] = {}
-
-    async def run(self, r: InferenceRequest, settle: bool = True) -> None:
-        ticket = await self.fc.enqueue_and_wait(r)
-        self.released.append(r.request_id)
-        self.tickets[r.request_id] = ticket
-        if settle:
-            ticket.settle()
+from tests.unit.flowcontrol.support import Order, Saturation, config, controller, req, settle_loop
 
 
 async def test_an_idle_pool_releases_at_once() -> None:

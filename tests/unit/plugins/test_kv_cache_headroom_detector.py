@@ -6,10 +6,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_epp.framework import CycleState, Endpoint, ProfileResult, SchedulingResult
+from llm_epp.framework import (
+    ApiKind,
+    CycleState,
+    Endpoint,
+    InferenceRequest,
+    ProfileResult,
+    RequestBody,
+    SchedulingResult,
+)
+from llm_epp.framework.flowcontrol import Placement
 from llm_epp.framework.requestcontrol import ResponseInfo, Usage
 from llm_epp.framework.types import Metrics
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, PrefixMatch
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY, PrefixMatch, hash_prompt
 from llm_epp.plugins.scheduling.kv_cache_headroom_detector import KvCacheHeadroomDetector, Params, factory
 from tests.unit.builders import FakeHandle, endpoint, request
 
@@ -141,3 +150,44 @@ def test_a_request_whose_prefix_pod_is_full_moves_or_waits_there(keep_home: bool
     assert det._request_size(_with_prefix(prefix), second, home.key)[0] == pytest.approx(400)
     kept = det.filter(_with_prefix(prefix), second, [home, other])
     assert [e.key.name for e in kept] == expected
+
+
+def _prompted(text: str, max_tokens: int = 500) -> InferenceRequest:
+    body = RequestBody(ApiKind.COMPLETIONS, {"model": "m", "prompt": text, "max_tokens": max_tokens})
+    return dataclasses.replace(request(payload=body.payload), body=body, size_bytes=len(text) + 40)
+
+
+def _hold(det: KvCacheHeadroomDetector, req: InferenceRequest, ep: Endpoint) -> None:
+    """Schedules `req` onto `ep` with the default prefix producer's hashes of its prompt."""
+    match = PrefixMatch(hash_prompt(req, 16, 256), {}, 16)
+    cycle = CycleState()
+    cycle.write(PREFIX_MATCH_KEY, match)
+    det.pre_request(cycle, req, SchedulingResult({"default": ProfileResult((ep,))}, "default"))
+
+
+SYSTEM = "You are a careful assistant. " * 80  # ~2,300 characters: 36 blocks of 64 characters
+
+
+@pytest.mark.parametrize(("home_kv", "expected"), [(0.1, Placement.HOME_FITS), (0.95, Placement.HOME_FULL)])
+def test_a_queued_request_is_placed_by_where_its_prefix_is_held(home_kv: float, expected: Placement) -> None:
+    det = factory("kv", Params(), FakeHandle())
+    assert det.dispatch_window == 16 and det.dispatch_max_wait == 10.0
+    home, other = _ep("a", kv=home_kv), _ep("b", kv=0.1, address="10.0.0.2")
+    _hold(det, _prompted(SYSTEM + "first question"), home)
+    queued = det.affinity_key(_prompted(SYSTEM + "second question"))
+    assert det.placement(queued, [home, other]) is expected
+    stranger = det.affinity_key(_prompted("Something else entirely. " * 100))
+    assert det.placement(stranger, [home, other]) is Placement.NO_HOME
+
+
+def test_the_filter_keeps_a_request_on_its_prefix_endpoint_when_that_has_room() -> None:
+    home, other = _ep("a", kv=0.3), _ep("b", kv=0.0, address="10.0.0.2")
+    second = _prompted(SYSTEM + "second question")
+    kept: dict[int, list[str]] = {}
+    for window in (0, 8):
+        det = factory("kv", Params(dispatchWindow=window), FakeHandle())
+        _hold(det, _prompted(SYSTEM + "first question"), home)
+        cycle = CycleState()
+        cycle.write(PREFIX_MATCH_KEY, PrefixMatch(hash_prompt(second, 16, 256), {}, 16))
+        kept[window] = [e.key.name for e in det.filter(cycle, second, [home, other])]
+    assert kept == {0: ["a", "b"], 8: ["a"]}

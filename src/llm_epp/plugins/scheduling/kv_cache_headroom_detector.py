@@ -40,6 +40,16 @@ Configuration:
         of the endpoints with room: the request waits in that model server's queue rather than copying its
         prefix to another one (more sharing, at the risk of the overflow the prediction warns of).
 
+    dispatchWindow (int in [0, 64], default 16): affinity-aware dispatch under flow control. When capacity frees,
+        flow control looks at the first `dispatchWindow` requests of the flow its fairness policy picked and
+        releases the first whose prefix is held (by requests in flight) on an endpoint with room for it, else
+        the first whose prefix nobody holds; when every one of them would have to copy its prefix to another
+        endpoint, it releases nothing until one fits (priority bands stay strict: lower bands wait too).
+        As a filter, a request whose prefix endpoint has room is then kept on it. 0 releases strictly in
+        queue order, as upstream flow control does.
+    dispatchMaxWaitSeconds (float > 0, default 10): a request that has been among those first requests this
+        long is released first, wherever its prefix is (no request starves for its affinity).
+
     saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
     the endpoints whose peak with the request stays within the limit (see keepPrefixHome); when none does,
@@ -64,8 +74,14 @@ from llm_epp.framework import (
     StateKey,
     TypedName,
 )
+from llm_epp.framework.flowcontrol import Placement
 from llm_epp.framework.requestcontrol import ResponseInfo
-from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import PREFIX_MATCH_KEY
+from llm_epp.plugins.requestcontrol.approx_prefix_cache_producer import (
+    DEFAULT_BLOCK_SIZE_TOKENS,
+    DEFAULT_MAX_PREFIX_BLOCKS,
+    PREFIX_MATCH_KEY,
+    BlockHasher,
+)
 
 TYPE = "kv-cache-headroom-detector"
 
@@ -80,6 +96,8 @@ class Params(PluginParams):
         default=100.0, gt=0.0, allow_inf_nan=False, alias="defaultInterTokenLatencyMs"
     )
     keep_prefix_home: bool = Field(default=False, alias="keepPrefixHome")
+    dispatch_window: int = Field(default=16, ge=0, le=64, alias="dispatchWindow")
+    dispatch_max_wait: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
 
 
 @dataclass(slots=True)
@@ -96,6 +114,17 @@ class _InFlight:
 
 
 _ENTRY: StateKey[_InFlight] = StateKey("kv-cache-headroom-detector-inflight")
+
+
+class _Queued:
+    """A request waiting in flow control: its prefix's block hashes, computed once per block size."""
+
+    __slots__ = ("block_size", "hashes", "request")
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self.request = request
+        self.block_size = 0
+        self.hashes: tuple[int, ...] = ()
 
 
 def _max_tokens(request: InferenceRequest) -> int:
@@ -117,12 +146,18 @@ class KvCacheHeadroomDetector:
         default_output_tokens: int = 512,
         default_itl: float = 0.1,
         keep_prefix_home: bool = False,
+        dispatch_window: int = 0,
+        dispatch_max_wait: float = 10.0,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self._handle = handle
         self.headroom = headroom
         self.kv_cache_tokens = kv_cache_tokens
         self.keep_prefix_home = keep_prefix_home
+        self._dispatch_window = dispatch_window
+        self._dispatch_max_wait = dispatch_max_wait
+        self._hasher = BlockHasher()
+        self._block_size = DEFAULT_BLOCK_SIZE_TOKENS  # the prefix producer's, learnt from its matches
         self._inflight: dict[EndpointKey, dict[int, _InFlight]] = {}
         self._held: dict[EndpointKey, dict[int, int]] = {}  # block hash -> in-flight requests holding it
         # calibrated from completions
@@ -202,20 +237,82 @@ class KvCacheHeadroomDetector:
         return float(shared * match.block_size_tokens), shared == len(match.hashes)
 
     def _request_size(self, cycle: CycleState, request: InferenceRequest, key: EndpointKey) -> tuple[float, float]:
-        prompt = request.size_bytes * self.tokens_per_byte
         shared, whole = self._shared(cycle, key)
-        if whole:
-            shared += self.shared_beyond
-        prompt = max(prompt - shared, 0.0)
+        return self._size(request, shared + self.shared_beyond if whole else shared)
+
+    def _size(self, request: InferenceRequest, shared: float) -> tuple[float, float]:
+        """(prompt tokens not shared with requests in flight, expected output tokens)."""
+        prompt = max(request.size_bytes * self.tokens_per_byte - shared, 0.0)
         mt = _max_tokens(request)
         output = mt * self.output_ratio if mt else self.mean_output
         return prompt, output
+
+    # --- DispatchAffinity -----------------------------------------------------------------------------
+    @property
+    def dispatch_window(self) -> int:
+        return self._dispatch_window
+
+    @property
+    def dispatch_max_wait(self) -> float:
+        return self._dispatch_max_wait
+
+    def affinity_key(self, request: InferenceRequest) -> object:
+        return _Queued(request)
+
+    def _queued_hashes(self, queued: _Queued) -> tuple[int, ...]:
+        size = self._block_size
+        if queued.block_size != size:  # hashed lazily, again only if the producer's block size changed
+            queued.block_size = size
+            queued.hashes = self._hasher(queued.request, size, DEFAULT_MAX_PREFIX_BLOCKS)
+        return queued.hashes
+
+    def _homes(self, hashes: Sequence[int], endpoints: Sequence[Endpoint]) -> tuple[int, list[Endpoint]]:
+        """The most leading blocks of `hashes` held by requests in flight on one endpoint, and the endpoints
+        holding that many."""
+        best, homes = 0, list[Endpoint]()
+        if not hashes:
+            return best, homes
+        first = hashes[0]
+        for ep in endpoints:
+            held = self._held.get(ep.key)
+            if not held or first not in held:
+                continue
+            n = 1
+            for h in hashes[1:]:
+                if h not in held:
+                    break
+                n += 1
+            if n > best:
+                best, homes = n, [ep]
+            elif n == best:
+                homes.append(ep)
+        return best, homes
+
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement:
+        if not isinstance(key, _Queued):
+            return Placement.NO_HOME
+        hashes = self._queued_hashes(key)
+        blocks, homes = self._homes(hashes, endpoints)
+        if not blocks:
+            return Placement.NO_HOME
+        shared = float(blocks * self._block_size)
+        if blocks == len(hashes):
+            shared += self.shared_beyond
+        prompt, output = self._size(key.request, shared)
+        if any(self._ratio(ep, prompt, output) <= 1.0 for ep in homes):
+            return Placement.HOME_FITS
+        return Placement.HOME_FULL
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
         if not endpoints:
             return endpoints
         ratios = [(self._ratio(ep, *self._request_size(cycle, request, ep.key)), ep) for ep in endpoints]
         fits = [ep for r, ep in ratios if r <= 1.0]
+        if self._dispatch_window and len(fits) > 1:  # keep a request whose prefix endpoint has room there
+            shared_fits = [(self._shared(cycle, ep.key)[0], ep) for ep in fits]
+            most = max(t[0] for t in shared_fits)
+            if most > 0:
+                return [ep for n, ep in shared_fits if n == most]
         if self.keep_prefix_home:
             shared = [(self._shared(cycle, ep.key)[0], r, ep) for r, ep in ratios]
             most = max(t[0] for t in shared)
@@ -236,6 +333,8 @@ class KvCacheHeadroomDetector:
         prompt, output = self._request_size(cycle, request, key)
         match = cycle.read(PREFIX_MATCH_KEY)
         hashes = tuple(match.hashes) if match is not None else ()
+        if match is not None and match.block_size_tokens > 0:
+            self._block_size = match.block_size_tokens
         shared, whole = self._shared(cycle, key)
         entry = _InFlight(
             key,
@@ -321,4 +420,6 @@ def factory(name: str, params: Params, handle: Handle) -> KvCacheHeadroomDetecto
         params.default_output_tokens,
         params.default_inter_token_latency_ms / 1000.0,
         params.keep_prefix_home,
+        params.dispatch_window,
+        params.dispatch_max_wait,
     )
