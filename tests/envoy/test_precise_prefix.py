@@ -77,11 +77,11 @@ class PreciseGateway:
             time.sleep(0.3)
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway]:
-    pods = LivePods(3, encodings=("array", "map")).start()  # both of vLLM's encodings in one pool
+def _serve(pods: LivePods, workdir: Path) -> Iterator[PreciseGateway]:
+    """A gateway in front of `pods` once every pod's events are subscribed; both stopped afterwards."""
+    pods.start()
     try:
-        gw = PreciseGateway(pods, tmp_path_factory.mktemp("precise"))
+        gw = PreciseGateway(pods, workdir)
     except Exception:
         pods.stop()
         raise
@@ -91,6 +91,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway
     finally:
         gw.stop()
         pods.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway]:
+    # both of vLLM's encodings in one pool
+    yield from _serve(LivePods(3, encodings=("array", "map")), tmp_path_factory.mktemp("precise"))
 
 
 def _text(tag: str) -> str:
@@ -219,18 +225,7 @@ def test_garbage_on_the_socket_is_counted_and_skipped(gateway: PreciseGateway) -
 
 @pytest.fixture(scope="module")
 def sglang_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreciseGateway]:
-    pods = LivePods(3, engine="sglang").start()
-    try:
-        gw = PreciseGateway(pods, tmp_path_factory.mktemp("precise-sglang"))
-    except Exception:
-        pods.stop()
-        raise
-    try:
-        gw.wait("every pod subscribed", lambda: gw.metric("llm_d_router_epp_kv_cache_events_active_subscribers") == 3)
-        yield gw
-    finally:
-        gw.stop()
-        pods.stop()
+    yield from _serve(LivePods(3, engine="sglang"), tmp_path_factory.mktemp("precise-sglang"))
 
 
 def test_sglang_pods_events_place_follow_ups_and_evictions_move_them(sglang_gateway: PreciseGateway) -> None:
