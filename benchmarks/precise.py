@@ -546,11 +546,19 @@ def describe(scenario: Scenario, name: str) -> str:
 
 
 def report(args: argparse.Namespace, scenario: Scenario, runs: Sequence[Run], cost: dict[str, Any]) -> str:
+    sources: list[tuple[str, str]] = getattr(args, "sources", None) or [
+        (command_line("benchmarks.precise", args.argv), machine())
+    ]
+    if len(sources) == 1:
+        head = [f"Command: `{sources[0][0]}`  ", f"Machine: {sources[0][1]}  "]
+    else:
+        head = ["Combined (`--combine`) from runs made in separate processes:", ""]
+        head += [f"* `{command}` ({where})" for command, where in sources]
+        head += [""]
     out = [
         "# Precise vs approximate prefix-cache routing",
         "",
-        f"Command: `{command_line('benchmarks.precise', args.argv)}`  ",
-        f"Machine: {machine()}  ",
+        *head,
         f"Seed {args.seed}; KV events delivered {args.event_delay:g} s (virtual) after the step that produced them.",
         "",
     ]
@@ -702,6 +710,7 @@ def combine(args: argparse.Namespace) -> int:
     """One report from runs written apart (each file holds some configurations of one scenario and seed)."""
     runs: list[Run] = []
     cost: dict[str, Any] = {}
+    sources: list[tuple[str, str]] = []
     first: dict[str, Any] | None = None
     for path in args.combine:
         data = json.loads(path.read_text())
@@ -710,12 +719,14 @@ def combine(args: argparse.Namespace) -> int:
         elif (data["scenario"], data["seed"], data["restart"]) != (first["scenario"], first["seed"], first["restart"]):
             raise SystemExit(f"{path}: another scenario, seed or restart than {args.combine[0]}; cannot combine")
         runs += [_run_from_json(r) for r in data["runs"]]
+        sources += [tuple(x) for x in data.get("sources", [(str(path.name), "machine not recorded")])]
         cost = data["index"] or cost
     assert first is not None
     sc = first["scenario"]
     scenario = Scenario(**{**sc, "stages": tuple(Stage(**st) for st in sc["stages"])})
     args.scenario, args.seed, args.event_delay = first["scenario_name"], first["seed"], first["event_delay"]
     args.restart = Restart(first["restart"]["stage"], tuple(first["restart"]["pods"])) if first["restart"] else None
+    args.sources = sources
     order = list(CONFIGS)
     runs.sort(key=lambda r: order.index(r.label) if r.label in order else len(order))
     args.output.mkdir(parents=True, exist_ok=True)
@@ -744,7 +755,11 @@ def _run_json(r: Run) -> dict[str, Any]:
 
 def write(args: argparse.Namespace, scenario: Scenario, runs: Sequence[Run], cost: dict[str, Any]) -> None:
     (args.output / f"{args.name}.md").write_text(report(args, scenario, runs, cost))
+    sources: list[tuple[str, str]] = getattr(args, "sources", None) or [
+        (command_line("benchmarks.precise", args.argv), machine())
+    ]
     data = {
+        "sources": sources,
         "scenario_name": args.scenario,
         "restart": asdict(args.restart) if args.restart is not None else None,
         "seed": args.seed,

@@ -10,7 +10,7 @@ hit rates are the pods' own ``vllm:prefix_cache_*`` counters. A small run on a s
 shows the program working end to end and the direction of the effect, not new figures.
 
     python -m benchmarks.precise_live            # ~6 min: 4 pods, two 10 s stages (modelled) per configuration
-    python -m benchmarks.precise_live --smoke    # < 1 min
+    python -m benchmarks.precise_live --smoke    # ~1 min: two pods, approximate and precise
 
 Results: ``benchmarks/results/precise_live.md`` (``precise_live_smoke.md`` with ``--smoke``)."""
 
@@ -306,11 +306,12 @@ def report(setup: LiveSetup, results: Sequence[ModeResult], argv: Sequence[str] 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="two tiny pods, a few requests (< 1 min)")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations: {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=None, help=f"configurations: {', '.join(CONFIGS)} (smoke: the first and last)")
     ap.add_argument("--output", default=str(ROOT / "benchmarks" / "results"), help="directory for precise_live.md")
     args = ap.parse_args(argv)
     setup = SMOKE if args.smoke else LiveSetup()
-    labels = [c.strip() for c in args.configs.split(",") if c.strip()]
+    default = (CONFIGS[0], CONFIGS[-1]) if args.smoke else CONFIGS
+    labels = [c.strip() for c in (args.configs or ",".join(default)).split(",") if c.strip()]
     if unknown := [c for c in labels if c not in CONFIGS]:
         ap.error(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     print(f"benchmarks.precise_live: {setup}", file=sys.stderr)
