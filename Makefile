@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise bench-precise-live proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
