@@ -82,8 +82,11 @@ bench-overload: $(STAMP)  # two tenants at 1.5x and 3x capacity, 4 routers, virt
 	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 1.5 --seconds 180 --skip 60
 	nice -n 10 $(BIN)/python -m benchmarks.overload --factors 3 --seconds 120 --skip 40 --append
 
-bench-precise: $(STAMP)  # precise vs approximate prefix routing in virtual time + index cost (~5 min idle)
-	nice -n 10 $(BIN)/python -m benchmarks.precise --ladder 30,45,60 --stage-seconds 20
+bench-precise: $(STAMP)  # precise vs approximate vs random/round-robin on the 73%-capacity workload, virtual time + index cost (~30 min idle)
+	nice -n 10 $(BIN)/python -m benchmarks.precise --scenario capacity73
+
+bench-precise-live: $(STAMP)  # precise vs approximate through real Envoy, pods publishing KV events over ZMQ (~6 min)
+	nice -n 10 $(BIN)/python -m benchmarks.precise_live
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
