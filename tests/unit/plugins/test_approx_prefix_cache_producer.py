@@ -17,6 +17,7 @@ from llm_epp.framework import (
     ApiKind,
     CycleState,
     Endpoint,
+    EndpointKey,
     EndpointMetadata,
     InferenceRequest,
     InFlightLoad,
@@ -377,6 +378,29 @@ def test_matching_counts_held_blocks_without_per_endpoint_contiguity_as_the_refe
     index.add([1, 3], key("a"), 100)
     index.add([1, 2, 3], key("b"), 100)
     assert index.match([1, 2, 3]) == {key("a"): 2, key("b"): 3}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matching_agrees_with_a_block_by_block_count_over_shared_and_evicted_blocks(seed: int) -> None:
+    """Runs of blocks with the same holders are counted together; that must equal counting every leading held
+    block once per holder, whatever mix of sole, shared and partly evicted holders the index has."""
+    rng = random.Random(seed)
+    index = PrefixIndex()
+    names = [key(n) for n in "abcd"]
+    for _ in range(300):
+        start = rng.randrange(40)
+        index.add(list(range(start, start + rng.randrange(1, 12))), rng.choice(names), rng.choice((8, 25, 100)))
+    for _ in range(200):
+        start = rng.randrange(50)
+        hashes = list(range(start, start + rng.randrange(0, 15)))
+        expected: dict[EndpointKey, int] = {}
+        for h in hashes:
+            holders = index.holders(h)
+            if not holders:
+                break
+            for k in holders:
+                expected[k] = expected.get(k, 0) + 1
+        assert index.match(hashes) == expected
 
 
 def test_prefix_match_of_a_prompt_without_blocks_scores_zero() -> None:

@@ -72,9 +72,9 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import chain, compress, filterfalse, islice, repeat
+from itertools import compress, filterfalse, islice, repeat
 from operator import is_
 from typing import Any
 
@@ -508,16 +508,23 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[EndpointKey, int]:
         """Per endpoint, the number of held blocks among the leading blocks that some endpoint holds."""
-        if not hashes:
-            return {}
-        found = list(map(self._holders.get, hashes))
-        try:
-            found = found[: found.index(None)]
-        except ValueError:
-            pass
-        if not found:
-            return {}
-        return Counter(chain.from_iterable(found))  # type: ignore[arg-type]
+        # Consecutive blocks mostly share one holders tuple (an endpoint's shared 1-tuple), so count runs of
+        # the same tuple object and add each run once per holder: a dict update per run, not per block.
+        counts: dict[EndpointKey, int] = {}
+        run: tuple[EndpointKey, ...] = ()
+        n = 0
+        for holders in map(self._holders.get, hashes):
+            if holders is run:
+                n += 1
+                continue
+            for key in run:
+                counts[key] = counts.get(key, 0) + n
+            if holders is None:  # the walk stops at the first block nobody holds
+                return counts
+            run, n = holders, 1
+        for key in run:
+            counts[key] = counts.get(key, 0) + n
+        return counts
 
     def add(self, hashes: Sequence[int], key: EndpointKey, capacity: int) -> None:
         """Marks `hashes` as most recently used on `key`, evicting its oldest entries beyond `capacity`."""
