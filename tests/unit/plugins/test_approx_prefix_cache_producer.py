@@ -403,6 +403,39 @@ def test_matching_agrees_with_a_block_by_block_count_over_shared_and_evicted_blo
         assert index.match(hashes) == expected
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_index_keeps_each_lru_in_request_order_whatever_the_shape_of_the_hashes(seed: int) -> None:
+    """Against a plain model of the LRUs (each hash moved to the newest end in request order, the oldest
+    evicted past capacity): held-then-new prompts, all-new ones, repeats, reversed orders and duplicates."""
+    rng = random.Random(seed)
+    index = PrefixIndex()
+    names = [key(n) for n in "abc"]
+    model: dict[EndpointKey, dict[int, None]] = {k: {} for k in names}
+    for _ in range(400):
+        start = rng.randrange(60)
+        hashes = list(range(start, start + rng.randrange(1, 10)))
+        shape = rng.randrange(5)
+        if shape == 1:
+            hashes.reverse()
+        elif shape == 2:
+            hashes += hashes[: rng.randrange(1, 3)]
+        elif shape == 3:
+            hashes = [hashes[0], *hashes]
+        target, capacity = rng.choice(names), rng.choice((6, 20, 40))
+        index.add(hashes, target, capacity)
+        lru = model[target]
+        for h in hashes:
+            lru.pop(h, None)
+            lru[h] = None
+        while len(lru) > capacity:
+            del lru[next(iter(lru))]
+        for k in names:
+            assert index.hashes_of(k) == list(model[k])
+        assert len(index) == sum(len(lru) for lru in model.values())
+    for h in range(80):
+        assert set(index.holders(h)) == {k for k in names if h in model[k]}
+
+
 def test_prefix_match_of_a_prompt_without_blocks_scores_zero() -> None:
     match = PrefixMatch([], {}, 16)
     assert match.total_blocks == 0 and match.score(key("a")) == 0.0 and match.matched_blocks(key("a")) == 0
