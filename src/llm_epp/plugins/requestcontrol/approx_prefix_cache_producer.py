@@ -74,8 +74,7 @@ import logging
 import struct
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import compress, filterfalse, islice, repeat
-from operator import is_
+from itertools import filterfalse, islice
 from typing import Any
 
 import orjson
@@ -557,13 +556,11 @@ class PrefixIndex:
         """Removes `key` from the holders of `hashes` (all of which it holds)."""
         holders = self._holders
         sole = self._sole[key]
-        held = list(map(holders.__getitem__, hashes))
-        alone = list(compress(hashes, map(is_, held, repeat(sole))))
-        _consume(map(holders.__delitem__, alone))
-        if len(alone) == len(hashes):
+        held = list(map(holders.pop, hashes))  # one lookup each; blocks others hold too are put back below
+        if held.count(sole) == len(held):  # tuple equality: identity first, so the usual case stays in C
             return
         for h, t in zip(hashes, held, strict=True):
-            if t is sole:
+            if len(t) == 1:  # `key` alone held it: it stays removed
                 continue
             i = t.index(key)
             rest = t[:i] + t[i + 1 :]
