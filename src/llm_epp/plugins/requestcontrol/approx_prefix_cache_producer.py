@@ -74,7 +74,7 @@ import logging
 import struct
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import filterfalse, islice
+from itertools import filterfalse, islice, repeat
 from typing import Any
 
 import orjson
@@ -537,11 +537,14 @@ class PrefixIndex:
         new = list(dict.fromkeys(filterfalse(lru.__contains__, hashes)))
         if new:
             holders = self._holders
-            unheld = list(filterfalse(holders.__contains__, new))
-            if len(unheld) != len(new):
-                for h in filter(holders.__contains__, new):
-                    holders[h] += (key,)
-            holders.update(dict.fromkeys(unheld, self._sole[key]))
+            sole = self._sole[key]
+            # One lookup per new block: a block nobody held gets `key`'s shared 1-tuple; `key` holds none of
+            # them, so a block that comes back with anything else was held by others and gains `key`.
+            before = list(map(holders.setdefault, new, repeat(sole)))
+            if before.count(sole) != len(before):
+                for h, t in zip(new, before, strict=True):
+                    if t is not sole:
+                        holders[h] = (*t, key)
             lru.update(dict.fromkeys(new))
             self._entries += len(new)
         _consume(map(lru.move_to_end, hashes))
