@@ -376,8 +376,9 @@ class Director:
             raise
         primary = result.primary
         assert primary is not None
-        endpoint = primary.target_endpoints[0]
-        destination = ",".join(e.hostport for e in primary.target_endpoints)
+        targets = primary.target_endpoints
+        endpoint = targets[0]
+        destination = endpoint.hostport if len(targets) == 1 else ",".join(e.hostport for e in targets)
         key = endpoint.key
         self.recorder.scheduler_attempt(True, target, key.name, key.namespace, str(endpoint.metadata.port))
         handle.endpoint = endpoint

@@ -92,7 +92,7 @@ class SchedulerProfile:
             start = _perf()
             try:
                 scores = scorer.score(cycle, request, candidates)
-                if not isinstance(scores, Mapping):
+                if type(scores) is not dict and not isinstance(scores, Mapping):  # a dict skips the ABC check
                     raise TypeError(f"score() returned {type(scores).__name__}, not a mapping")
             except Exception:
                 log.exception("scorer_failed plugin=%s", scorer.typed_name)

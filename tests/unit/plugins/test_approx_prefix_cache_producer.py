@@ -17,6 +17,7 @@ from llm_epp.framework import (
     ApiKind,
     CycleState,
     Endpoint,
+    EndpointKey,
     EndpointMetadata,
     InferenceRequest,
     InFlightLoad,
@@ -377,6 +378,62 @@ def test_matching_counts_held_blocks_without_per_endpoint_contiguity_as_the_refe
     index.add([1, 3], key("a"), 100)
     index.add([1, 2, 3], key("b"), 100)
     assert index.match([1, 2, 3]) == {key("a"): 2, key("b"): 3}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matching_agrees_with_a_block_by_block_count_over_shared_and_evicted_blocks(seed: int) -> None:
+    """Runs of blocks with the same holders are counted together; that must equal counting every leading held
+    block once per holder, whatever mix of sole, shared and partly evicted holders the index has."""
+    rng = random.Random(seed)
+    index = PrefixIndex()
+    names = [key(n) for n in "abcd"]
+    for _ in range(300):
+        start = rng.randrange(40)
+        index.add(list(range(start, start + rng.randrange(1, 12))), rng.choice(names), rng.choice((8, 25, 100)))
+    for _ in range(200):
+        start = rng.randrange(50)
+        hashes = list(range(start, start + rng.randrange(0, 15)))
+        expected: dict[EndpointKey, int] = {}
+        for h in hashes:
+            holders = index.holders(h)
+            if not holders:
+                break
+            for k in holders:
+                expected[k] = expected.get(k, 0) + 1
+        assert index.match(hashes) == expected
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_index_keeps_each_lru_in_request_order_whatever_the_shape_of_the_hashes(seed: int) -> None:
+    """Against a plain model of the LRUs (each hash moved to the newest end in request order, the oldest
+    evicted past capacity): held-then-new prompts, all-new ones, repeats, reversed orders and duplicates."""
+    rng = random.Random(seed)
+    index = PrefixIndex()
+    names = [key(n) for n in "abc"]
+    model: dict[EndpointKey, dict[int, None]] = {k: {} for k in names}
+    for _ in range(400):
+        start = rng.randrange(60)
+        hashes = list(range(start, start + rng.randrange(1, 10)))
+        shape = rng.randrange(5)
+        if shape == 1:
+            hashes.reverse()
+        elif shape == 2:
+            hashes += hashes[: rng.randrange(1, 3)]
+        elif shape == 3:
+            hashes = [hashes[0], *hashes]
+        target, capacity = rng.choice(names), rng.choice((6, 20, 40))
+        index.add(hashes, target, capacity)
+        lru = model[target]
+        for h in hashes:
+            lru.pop(h, None)
+            lru[h] = None
+        while len(lru) > capacity:
+            del lru[next(iter(lru))]
+        for k in names:
+            assert index.hashes_of(k) == list(model[k])
+        assert len(index) == sum(len(lru) for lru in model.values())
+    for h in range(80):
+        assert set(index.holders(h)) == {k for k in names if h in model[k]}
 
 
 def test_prefix_match_of_a_prompt_without_blocks_scores_zero() -> None:

@@ -72,10 +72,9 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import chain, compress, filterfalse, islice, repeat
-from operator import is_
+from itertools import filterfalse, islice, repeat
 from typing import Any
 
 import orjson
@@ -508,16 +507,23 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[EndpointKey, int]:
         """Per endpoint, the number of held blocks among the leading blocks that some endpoint holds."""
-        if not hashes:
-            return {}
-        found = list(map(self._holders.get, hashes))
-        try:
-            found = found[: found.index(None)]
-        except ValueError:
-            pass
-        if not found:
-            return {}
-        return Counter(chain.from_iterable(found))  # type: ignore[arg-type]
+        # Consecutive blocks mostly share one holders tuple (an endpoint's shared 1-tuple), so count runs of
+        # the same tuple object and add each run once per holder: a dict update per run, not per block.
+        counts: dict[EndpointKey, int] = {}
+        run: tuple[EndpointKey, ...] = ()
+        n = 0
+        for holders in map(self._holders.get, hashes):
+            if holders is run:
+                n += 1
+                continue
+            for key in run:
+                counts[key] = counts.get(key, 0) + n
+            if holders is None:  # the walk stops at the first block nobody holds
+                return counts
+            run, n = holders, 1
+        for key in run:
+            counts[key] = counts.get(key, 0) + n
+        return counts
 
     def add(self, hashes: Sequence[int], key: EndpointKey, capacity: int) -> None:
         """Marks `hashes` as most recently used on `key`, evicting its oldest entries beyond `capacity`."""
@@ -531,11 +537,14 @@ class PrefixIndex:
         new = list(dict.fromkeys(filterfalse(lru.__contains__, hashes)))
         if new:
             holders = self._holders
-            unheld = list(filterfalse(holders.__contains__, new))
-            if len(unheld) != len(new):
-                for h in filter(holders.__contains__, new):
-                    holders[h] += (key,)
-            holders.update(dict.fromkeys(unheld, self._sole[key]))
+            sole = self._sole[key]
+            # One lookup per new block: a block nobody held gets `key`'s shared 1-tuple; `key` holds none of
+            # them, so a block that comes back with anything else was held by others and gains `key`.
+            before = list(map(holders.setdefault, new, repeat(sole)))
+            if before.count(sole) != len(before):
+                for h, t in zip(new, before, strict=True):
+                    if t is not sole:
+                        holders[h] = (*t, key)
             lru.update(dict.fromkeys(new))
             self._entries += len(new)
         _consume(map(lru.move_to_end, hashes))
@@ -550,13 +559,11 @@ class PrefixIndex:
         """Removes `key` from the holders of `hashes` (all of which it holds)."""
         holders = self._holders
         sole = self._sole[key]
-        held = list(map(holders.__getitem__, hashes))
-        alone = list(compress(hashes, map(is_, held, repeat(sole))))
-        _consume(map(holders.__delitem__, alone))
-        if len(alone) == len(hashes):
+        held = list(map(holders.pop, hashes))  # one lookup each; blocks others hold too are put back below
+        if held.count(sole) == len(held):  # tuple equality: identity first, so the usual case stays in C
             return
         for h, t in zip(hashes, held, strict=True):
-            if t is sole:
+            if len(t) == 1:  # `key` alone held it: it stays removed
                 continue
             i = t.index(key)
             rest = t[:i] + t[i + 1 :]
