@@ -5,7 +5,8 @@ EPP's time goes", has the measurements).
 Body modes: FULL_DUPLEX_STREAMED (the reference's mode: the headers answer is withheld until the body is
 complete) and BUFFERED (the routing mutation rides on the body answer). Response bodies may be
 FULL_DUPLEX_STREAMED (every chunk echoed; usage read) or NONE (no per-chunk round trips; completion is
-learnt when Envoy closes the stream).
+learnt at the response headers when they carry the length of a non-streamed body, else when Envoy closes the
+stream).
 
 Protocol state (modes, body chunks, response reader, byte counts) lives here, per stream; the director gets
 values in (`RequestInput`, `ResponseSeen`, `Outcome`) and gives values back (`RoutingDecision`,
@@ -51,6 +52,11 @@ BUFFERED = ProcessingMode.BUFFERED
 STREAMED = ProcessingMode.STREAMED
 DEFAULT_MAX_HELD_BYTES = 256 << 20
 RETRY_AFTER_S = "1"
+# How long a stream whose response ended at its headers waits for Envoy to close it before ending it with OK.
+# Envoy resets the stream as soon as the response has passed; a read in flight at that moment (or a status
+# sent just after it) leaks a small native array in grpcio's asyncio server (grpc/grpc issue 43360), so the
+# handler waits on a timer instead, which the reset cancels without touching a gRPC batch.
+CLOSE_WAIT_S = 10.0
 _RESPONSE_HEADERS = frozenset((":status", h.CONTENT_TYPE, h.CONTENT_LENGTH, h.DESTINATION_SERVED))
 _YES = frozenset(("1", "true", "yes"))
 
@@ -61,6 +67,7 @@ class _Stream:
     __slots__ = (
         "body",
         "body_len",
+        "closed_by_envoy",
         "explain",
         "handle",
         "headers",
@@ -96,6 +103,7 @@ class _Stream:
         self.explain = ""
         self.saw_response_headers = False
         self.response_done = False
+        self.closed_by_envoy = False  # the response ended at its headers: wait for Envoy to close the stream
         self.response_bytes = 0
         self.reader: ResponseReader | None = None
         self.restorer: ModelNameRestorer | None = None
@@ -118,6 +126,7 @@ class ExtProcServicer:
         max_held_request_bytes: int = DEFAULT_MAX_HELD_BYTES,
         emit_endpoint_scores: bool = False,
         tracer: Tracer | None = None,
+        close_wait_s: float = CLOSE_WAIT_S,
     ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
@@ -126,6 +135,7 @@ class ExtProcServicer:
         self.emit_endpoint_scores = emit_endpoint_scores
         self.tracer = tracer if tracer is not None else director.tracer  # one tracer for both halves
         self.held_bytes = 0  # request body bytes held by all streams now
+        self.close_wait_s = close_wait_s
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -218,11 +228,12 @@ class ExtProcServicer:
                     await write(codec.EMPTY_REQUEST_HEADERS)
             elif kind == "response_headers":
                 st.saw_response_headers = True
-                eos = req.response_headers.end_of_stream
-                if eos:
+                if req.response_headers.end_of_stream:
                     st.response_done = True
-                await write(await self._on_response_headers(st, req, eos))
+                await write(await self._on_response_headers(st, req))
                 if st.response_done:
+                    if st.closed_by_envoy:
+                        await asyncio.sleep(self.close_wait_s)  # cancelled when Envoy closes the stream
                     return
             elif kind == "request_trailers":
                 if not st.routed:
@@ -327,7 +338,12 @@ class ExtProcServicer:
         return err
 
     # --- response side --------------------------------------------------------------------------------
-    async def _on_response_headers(self, st: _Stream, req: Any, eos: bool) -> bytes:
+    async def _on_response_headers(self, st: _Stream, req: Any) -> bytes:
+        """The answer to the response headers. Without response bodies (mode NONE), a response whose headers
+        carry its length and that is neither an event stream nor gRPC is over: its body was complete before
+        its headers went out (vLLM and SGLang answer a non-streamed request once it has finished), and a
+        response with a length has no trailers to send. The request ends here, on this answer; the stream
+        then waits (no read in flight) for Envoy to close it, which it does once the body has passed."""
         handle = st.handle
         if handle is None:
             return codec.response_headers_response({}, ())
@@ -338,12 +354,17 @@ class ExtProcServicer:
         served = codec.read_metadata(req, h.LB_NAMESPACE, h.DESTINATION_SERVED)
         if not isinstance(served, str) or not served:
             served = headers.get(h.DESTINATION_SERVED, "")
-        seen = ResponseSeen(
-            status=status,
-            served_endpoint=served,
-            streaming="text/event-stream" in headers.get(h.CONTENT_TYPE, ""),
-            headers=headers,
-        )
+        content_type = headers.get(h.CONTENT_TYPE, "")
+        streaming = "text/event-stream" in content_type
+        if (
+            st.resp_mode == ProcessingMode.NONE
+            and not st.response_done
+            and h.CONTENT_LENGTH in headers
+            and not streaming
+            and not content_type.startswith("application/grpc")
+        ):
+            st.response_done = st.closed_by_envoy = True  # before the answer is written (see _loop)
+        seen = ResponseSeen(status=status, served_endpoint=served, streaming=streaming, headers=headers)
         plan = await self._response_plan(handle, seen)
         set_headers: dict[str, str] = dict(plan.headers)
         remove: list[str] = []
@@ -357,7 +378,7 @@ class ExtProcServicer:
                 remove.append(h.CONTENT_LENGTH)  # restoring the model name may change the length
         else:
             st.restorer = None
-        metadata = await self._end(handle, self._outcome(st, True)) if eos else None
+        metadata = await self._end(handle, self._outcome(st, True)) if st.response_done else None
         return codec.response_headers_response(set_headers, remove, metadata)
 
     async def _on_response_body(self, st: _Stream, write: Any, body: bytes, eos: bool) -> bool:

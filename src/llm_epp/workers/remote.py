@@ -204,11 +204,11 @@ class WorkerServicer(ExtProcServicer):
         self.finish_metadata = finish_metadata
         self.response_hooks = response_hooks
 
-    async def _on_response_headers(self, st: Any, req: Any, eos: bool) -> bytes:
+    async def _on_response_headers(self, st: Any, req: Any) -> bytes:
         handle = st.handle
         if isinstance(handle, RemoteHandle):
             handle.wants_reader = st.resp_mode == FDS  # the servicer reads usage only from streamed bodies
-        return await super()._on_response_headers(st, req, eos)
+        return await super()._on_response_headers(st, req)
 
     async def _response_plan(self, handle: RequestHandle, seen: ResponseSeen) -> ResponsePlan:
         return await self.remote.response_received_async(handle, seen, hooks=self.response_hooks)

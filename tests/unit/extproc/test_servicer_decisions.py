@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from typing import Any
 
 import grpc
+import pytest
 
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
@@ -21,12 +23,14 @@ from llm_epp.framework.types import SchedulingResult
 from llm_epp.requestcontrol.director import RequestPlugins
 from tests.unit.extproc.fake_envoy import (
     FDS,
+    NONE,
     FakeContext,
     Harness,
     body_msg,
     headers_msg,
     response_body_msg,
     response_headers_msg,
+    response_trailers_msg,
 )
 from tests.unit.extproc.test_servicer import ENDPOINTS, POST, body, removed, set_headers, streamed
 
@@ -45,9 +49,9 @@ class Plugin:
         cycle.write(RESPONSE_METADATA_KEY, {"envoy.lb": {"x-gateway-inference-request-cost": response.status}})
 
 
-def with_plugin() -> Harness:
+def with_plugin(**servicer_opts: Any) -> Harness:
     p = Plugin()
-    return Harness(PODS, plugins=RequestPlugins(pre_request=[p], response_complete=[p]))
+    return Harness(PODS, plugins=RequestPlugins(pre_request=[p], response_complete=[p]), servicer_opts=servicer_opts)
 
 
 def cost(resp) -> float | None:
@@ -93,6 +97,65 @@ async def test_response_metadata_on_a_bodiless_response_headers_answer() -> None
     ctx = await h.run(msgs)
     assert cost(ctx.sent[-1]) == 204
     assert set_headers(ctx.sent[-1], "response_headers")["x-went-into-resp-headers"] == "true"
+
+
+async def test_without_response_bodies_a_response_with_its_length_ends_the_stream_at_its_headers() -> None:
+    # Response bodies NONE: a non-streamed answer (vLLM sends it once generation has finished, with its
+    # Content-Length) is complete when its headers arrive; the servicer ends the request and the stream there
+    # instead of waiting for Envoy to cancel the stream after the body, so anything scripted after it is unread.
+    h = with_plugin(close_wait_s=0.0)
+    msgs = [
+        headers_msg(POST),
+        body_msg(body(), True),
+        response_headers_msg({":status": "200", "content-type": "application/json", "content-length": "42"}),
+        response_trailers_msg(),
+    ]
+    ctx = await h.run(msgs)
+    assert ctx.kinds()[-1] == "response_headers"
+    assert cost(ctx.sent[-1]) == 200  # the ResponseComplete hooks ran before the answer went out
+    assert h.recorder.running == 0 and len(h.recorder.completed) == 1
+
+
+async def test_a_response_ended_at_its_headers_waits_for_envoy_to_close_the_stream_without_reading() -> None:
+    h = with_plugin()  # the default wait, far longer than this test
+    ctx = FakeContext(
+        [
+            headers_msg(POST),
+            body_msg(body(), True),
+            response_headers_msg({":status": "200", "content-type": "application/json", "content-length": "42"}),
+        ]
+    )
+    task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)  # the stream has nothing to wait for but the close
+    assert ctx.kinds() == ["request_headers", "request_body", "response_headers"]
+    assert not task.done()  # the stream stays open (no read in flight) until Envoy closes it
+    assert len(h.recorder.completed) == 1 and h.recorder.running == 0  # the request already ended
+    task.cancel()  # Envoy resets the stream once the response has passed
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(h.recorder.completed) == 1  # counted once
+
+
+@pytest.mark.parametrize(
+    ("resp_mode", "headers"),
+    [
+        (NONE, {":status": "200", "content-type": "text/event-stream"}),  # streamed: the body is still coming
+        (NONE, {":status": "200", "content-type": "application/json"}),  # no length: chunked, maybe not over
+        (NONE, {":status": "200", "content-type": "application/grpc", "content-length": "9"}),  # trailers follow
+        (FDS, {":status": "200", "content-type": "application/json", "content-length": "42"}),  # bodies come here
+    ],
+    ids=["none-event-stream", "none-no-length", "none-grpc", "streamed-bodies"],
+)
+async def test_a_response_that_may_still_be_running_keeps_the_stream_open(
+    resp_mode: int, headers: dict[str, str]
+) -> None:
+    h = with_plugin()
+    msgs = [headers_msg(POST, resp_mode=resp_mode), body_msg(body(), True), response_headers_msg(headers)]
+    ctx = await h.run([*msgs, response_trailers_msg()])
+    assert ctx.kinds()[-2:] == ["response_headers", "response_trailers"]
+    assert cost(ctx.sent[-2]) is None  # not ended at the headers
+    assert cost(ctx.sent[-1]) == 200
+    assert h.recorder.running == 0 and len(h.recorder.completed) == 1
 
 
 async def test_rejections_carry_the_drop_reason() -> None:
