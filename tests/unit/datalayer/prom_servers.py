@@ -5,6 +5,7 @@ process and read back by `MultiProcessCollector`, as vLLM with several API serve
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -68,7 +69,7 @@ def multiprocess_registry(directory: Path) -> CollectorRegistry:
     """The same metrics written by a child process in multiprocess mode (PROMETHEUS_MULTIPROC_DIR), read by a
     `MultiProcessCollector` on a plain `CollectorRegistry()`, as vLLM and SGLang build it."""
     root = str(Path(__file__).resolve().parents[3])
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory), "PATH": ""}
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     subprocess.run([sys.executable, "-c", _WRITER.format(root=root)], env=env, check=True, timeout=60)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
