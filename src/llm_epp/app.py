@@ -179,6 +179,7 @@ def build(opts: Options) -> Components:
             recorder=recorder,
             errors=recorder,
             refresh_prometheus_interval=opts.refresh_prometheus_metrics_interval,
+            name_filter=opts.metrics_name_filter,
         )
     except (TypeError, ValueError) as e:
         raise StartupError(f"dataLayer: {e}") from None

@@ -319,6 +319,13 @@ def _serve_parser(p: _Parser) -> None:
         default=2.0,
         help="metrics older than this are stale and left out of pool gauges (default 2s)",
     )
+    _bool_flag(
+        data,
+        "--metrics-name-filter",
+        True,
+        "ask model servers for only the metric samples the EPP reads (prometheus_client's name[] query "
+        "parameter); an endpoint whose filtered page lacks data goes back to the full page (not in the reference)",
+    )
     for legacy in _LEGACY_METRIC_FLAGS:
         data.add_argument(legacy, dest=legacy.lstrip("-").replace("-", "_"), default=None, help=argparse.SUPPRESS)
     obs = p.add_argument_group("observability")
@@ -517,6 +524,7 @@ def _options(args: argparse.Namespace) -> Options:
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_prometheus_metrics_interval=args.refresh_prometheus_metrics_interval,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
+        metrics_name_filter=args.metrics_name_filter,
         objectives_file=args.objectives_file,
         model_server_metrics_scheme=args.model_server_metrics_scheme,
         model_server_metrics_path=args.model_server_metrics_path,

@@ -43,6 +43,7 @@ class Options:
     refresh_metrics_interval: float = 0.05
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
+    metrics_name_filter: bool = True  # ask model servers for only the samples the extractor reads (name[])
     objectives_file: str = ""
     # deprecated metrics-data-source flags (None = not given; when given they replace the plugin's defaults)
     model_server_metrics_scheme: str | None = None

@@ -85,8 +85,9 @@ def test_scale_smoke_writes_scheduler_and_scrape_cost_tables(tmp_path: Path) -> 
         assert all(re.fullmatch(r"[\d.]+k?", n) for n in numbers), row
     scrape = (tmp_path / "scrape_cost.md").read_text()
     rows = [r for r in scrape.splitlines() if re.match(r"^\| (50|200) ms \| 5 \|", r)]
-    assert len(rows) == 2
-    assert all(r.split("|")[4].strip() == "0" for r in rows), "scrape failures in the smoke run"
+    assert [r.split("|")[3].strip() for r in rows] == ["full", "filtered"] * 2
+    assert all(r.split("|")[5].strip() == "0" for r in rows), "scrape failures in the smoke run"
+    assert all(r.split("|")[6].strip() == ("5/5" if "filtered" in r else "0/5") for r in rows), "pages not filtered"
 
 
 def test_calibrate_quick_compares_round_robin_with_the_published_baseline(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from llm_epp.sim.metric_names import requested_names, restrict
 from tests.support.ports import free_port
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -146,7 +147,7 @@ def _handler(standin: VllmStandin) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             standin.record(Received("GET", self.path, {k.lower(): v for k, v in self.headers.items()}, None))
-            if self.path == "/metrics":
+            if self.path.split("?", 1)[0] == "/metrics":
                 text = (
                     "# TYPE vllm:num_requests_waiting gauge\n"
                     'vllm:num_requests_waiting{model_name="m"} 0\n'
@@ -155,6 +156,8 @@ def _handler(standin: VllmStandin) -> type[BaseHTTPRequestHandler]:
                     "# TYPE vllm:kv_cache_usage_perc gauge\n"
                     'vllm:kv_cache_usage_perc{model_name="m"} 0.1\n'
                 )
+                if (names := requested_names(self.path)) is not None:
+                    text = restrict(text, names)
                 self._send(200, text.encode(), "text/plain; version=0.0.4")
             else:
                 self._send(200, b"{}")

@@ -25,6 +25,7 @@ def test_reference_defaults() -> None:
     assert opts.max_request_body_bytes == 16 << 20
     assert opts.max_held_request_bytes == 256 << 20
     assert opts.emit_endpoint_scores is False
+    assert opts.metrics_name_filter is True
     assert opts.verbosity == 2
 
 
@@ -40,6 +41,7 @@ def test_reference_defaults() -> None:
         (["--max-held-request-bytes", "1Gi"], "max_held_request_bytes", 1 << 30),
         (["--emit-endpoint-scores"], "emit_endpoint_scores", True),
         (["--emit-endpoint-scores=false"], "emit_endpoint_scores", False),
+        (["--metrics-name-filter=false"], "metrics_name_filter", False),
         (["--v", "4"], "verbosity", 4),
         (["-v", "5"], "verbosity", 5),
         (["--zap-encoder", "json"], "json_logs", True),
@@ -54,6 +56,7 @@ def test_reference_defaults() -> None:
         "held-gi",
         "scores",
         "scores-false",
+        "name-filter-off",
         "v",
         "short-v",
         "json",

@@ -8,6 +8,11 @@ scraper's deadline. A failing endpoint is retried with a backoff doubling up to 
 are logged once per change of reason; the endpoint's metrics are then simply not refreshed, and
 `Metrics.update_time` (monotonic seconds) lets every consumer see how old they are (`is_stale`).
 
+With `name_filter` (on by default, `--metrics-name-filter`) each endpoint is asked for only the sample
+names the extractor reads, through prometheus_client's `name[]` query parameter; `name_filter.py` says how
+a server that ignores the parameter, or answers a filtered page that lacks data, is found out and polled
+with the full page again.
+
 An endpoint nothing can connect to (connection refused, connect timeout, host unreachable) is dead, not
 just unmeasured: it is marked unreachable in the datastore at its first such failure, which takes it out
 of the candidate set (within one poll: at once when refused, after the 1 s deadline when connects hang).
@@ -35,6 +40,7 @@ from typing import Protocol
 
 from llm_epp.datalayer.datastore import Datastore
 from llm_epp.datalayer.exposition import ExpositionError, parse
+from llm_epp.datalayer.name_filter import NameFilter
 from llm_epp.datalayer.notifications import EndpointEvents, ObjectEvents
 from llm_epp.datalayer.scrape import DEFAULT_POLL_TIMEOUT, ScrapeError, Scraper, ScrapeSession, unreachable
 from llm_epp.datalayer.sources import AttributeExtractor, AttributeSourceRuntime, DataLayerErrors
@@ -49,6 +55,7 @@ from llm_epp.framework.datalayer import (
     ObjectEventExtractor,
     ObjectEventSource,
     PageAttributeExtractor,
+    ScrapedPage,
     is_stale,
     source_interval,
 )
@@ -60,6 +67,7 @@ DEFAULT_INTERVAL = 0.05
 DEFAULT_GAUGE_INTERVAL = 5.0
 DEFAULT_MAX_BACKOFF = 1.0
 MIN_BASE_TICK = 0.05  # a source interval lowers the base tick down to this, not below
+_ANSWERED = ("HTTP ", "content type")  # scrape failures where the server answered, but not with a page
 
 
 class PoolGauges(Protocol):
@@ -88,6 +96,7 @@ class EndpointState:
     failures: int = 0
     streak: int = 0  # consecutive failures
     unreachable: bool = False  # marked so in the datastore (nothing could connect)
+    name_filter: NameFilter | None = None  # None: the endpoint is polled at its URL as configured
 
 
 @dataclass
@@ -114,6 +123,7 @@ class MetricsRuntime:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         errors: DataLayerErrors | None = None,
+        name_filter: bool = True,
     ) -> None:
         if interval <= 0 or staleness <= 0 or refresh_prometheus_interval <= 0 or poll_timeout <= 0:
             raise ValueError("interval, staleness, refresh_prometheus_interval and poll_timeout must be > 0")
@@ -124,6 +134,7 @@ class MetricsRuntime:
         self.staleness = staleness
         self._recorder = recorder
         self._errors = errors
+        self.name_filter = name_filter
         self._pool_name = pool_name
         self.refresh_prometheus_interval = refresh_prometheus_interval
         self._poll_timeout = poll_timeout
@@ -216,6 +227,12 @@ class MetricsRuntime:
         state = self._states.setdefault(md.key, EndpointState())
         url = self._source.url(md)
         families = self._extractor.families(md)
+        if self.name_filter:
+            nf = state.name_filter
+            if nf is None or nf.url != url or nf.names != families:  # kept across restarts for the same URL
+                state.name_filter = NameFilter.for_url(url, families, md.key)
+        else:
+            state.name_filter = None
         assert self._scraper is not None
         session = self._scraper.session()
         try:
@@ -239,7 +256,7 @@ class MetricsRuntime:
         self.polls += 1
         state.polls += 1
         try:
-            page = parse(await session.fetch(url), families)
+            page = await self._fetch(session, url, families, state.name_filter)
         except (ScrapeError, ExpositionError) as e:
             return self._failed(md, url, state, e.reason)
         if page.truncated:
@@ -273,6 +290,39 @@ class MetricsRuntime:
                 log.info("metrics_complete endpoint=%s", md.key)
             state.problems = problems
         return True
+
+    async def _fetch(
+        self, session: ScrapeSession, url: str, families: frozenset[str], nf: NameFilter | None
+    ) -> ScrapedPage:
+        """The page of one poll: filtered when the endpoint's name filter says so, else (or when the filtered
+        page cannot be trusted) the full page at `url`."""
+        if nf is None or not nf.filtering:
+            page = parse(await session.fetch(url), families)
+            if nf is not None and not page.truncated:
+                nf.saw_full(frozenset(page.samples), self._clock())
+            return page
+        try:
+            body = await session.fetch(nf.filtered)
+            page = parse(body, families)
+        except ScrapeError as e:
+            if not e.reason.startswith(_ANSWERED):
+                raise  # the network or a slow server failed the poll, not the parameter
+            nf.turn_off(f"the filtered URL answered {e.reason}")
+            return await self._fetch(session, url, families, nf)
+        except ExpositionError as e:
+            nf.turn_off(f"the filtered page is not a metrics page ({e.reason})")
+            return await self._fetch(session, url, families, nf)
+        if page.truncated:
+            return page
+        present = frozenset(page.samples)
+        now = self._clock()
+        if not nf.needs_full(body, present, now):
+            return page
+        full = parse(await session.fetch(url), families)
+        if full.truncated:
+            return full
+        nf.compare(present, frozenset(full.samples), now)
+        return full
 
     def _failed(self, md: EndpointMetadata, url: str, state: EndpointState, reason: str) -> bool:
         self.failures += 1
@@ -436,6 +486,7 @@ def build_data_layer(
     errors: DataLayerErrors | None = None,
     refresh_prometheus_interval: float = DEFAULT_GAUGE_INTERVAL,
     poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+    name_filter: bool = True,
 ) -> DataLayer:
     """One runtime per source and role. `bindings`: each source with its extractors, as configured (the
     loader has checked that each extractor can read its source). A source with a metrics extractor and
@@ -474,6 +525,7 @@ def build_data_layer(
                     poll_timeout=poll_timeout,
                     errors=errors,
                     scraper=scraper,
+                    name_filter=name_filter,
                 )
             elif isinstance(ex, PageAttributeExtractor | BodyExtractor):
                 attribute_extractors.append(ex)

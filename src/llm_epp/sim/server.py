@@ -11,7 +11,9 @@ vLLM has them; the peer routers' extras as in the team's peers notes):
   ``max_tokens`` (``max_completion_tokens`` for chat; default 16); the text is synthetic (`` t0 t1 ...``).
   ``model`` selects the base model or a LoRA adapter; unknown models answer 404.
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (:mod:`llm_epp.sim.vllm_metrics`, or
-  :mod:`llm_epp.sim.sglang_metrics` for a pod with ``engine="sglang"``).
+  :mod:`llm_epp.sim.sglang_metrics` for a pod with ``engine="sglang"``). A vLLM pod answers the ``name[]``
+  query parameter as prometheus_client does (:mod:`llm_epp.sim.metric_names`); an SGLang pod answers it
+  with an empty page, as SGLang's multiprocess prometheus_client registry does.
 * ``POST /tokenize``, ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``.
 * ``POST /reset_prefix_cache`` (vLLM's; 400 while requests run), which publishes ``AllBlocksCleared`` when
   the pod publishes KV-cache events (``kv_events``, :mod:`llm_epp.sim.kv_events`).
@@ -36,6 +38,7 @@ from llm_epp.sim.engine import EventKind
 from llm_epp.sim.http import BadHTTPRequest, HTTPRequest, read_request
 from llm_epp.sim.kv_events import LiveKVEvents, PublisherConfig, kv_topic
 from llm_epp.sim.live import LivePod, LiveRequest
+from llm_epp.sim.metric_names import requested_names, restrict
 
 __all__ = ["SimServer"]
 
@@ -194,7 +197,11 @@ class SimServer:
         if path in ("/v1/completions", "/v1/chat/completions"):
             await self._completion(req, writer, keep_alive, chat=path == "/v1/chat/completions")
         elif path == "/metrics":
-            self._send(writer, 200, pod.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
+            page = pod.metrics_text()
+            if (names := requested_names(req.target)) is not None:
+                # SGLang serves prometheus_client in multiprocess mode, whose restricted answer is empty
+                page = "" if pod.engine_kind == "sglang" else restrict(page, names)
+            self._send(writer, 200, page.encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
         elif path == "/reset_prefix_cache":
             if not pod.reset_prefix_cache():
                 raise HTTPError(400, "Failed to reset prefix cache: requests are running")

@@ -15,7 +15,8 @@ Endpoints:
 * ``GET /v1/models``, ``GET /health``.
 * ``GET /metrics`` -- vLLM gauges from the settable attributes ``queue``
   (``vllm:num_requests_waiting``), ``running`` (``vllm:num_requests_running``; ``None`` = live in-flight
-  count) and ``kv_cache_usage`` (``vllm:kv_cache_usage_perc``, 0..1).
+  count) and ``kv_cache_usage`` (``vllm:kv_cache_usage_perc``, 0..1); the ``name[]`` query parameter
+  restricts the page as prometheus_client does.
 
 ``BackendPool`` runs several backends on one event loop in a background thread so that synchronous and
 asynchronous tests can share it.
@@ -36,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from llm_epp.sim.http import BadHTTPRequest, read_request
+from llm_epp.sim.metric_names import requested_names, restrict
 
 __all__ = ["Backend", "BackendPool", "RecordedRequest"]
 
@@ -213,7 +215,10 @@ class Backend:
             if self.metrics_failing:
                 await self._send(writer, 500, b"<html>internal error</html>", "text/html", keep_alive)
             else:
-                await self._send(writer, 200, self.metrics_text().encode(), "text/plain; version=0.0.4", keep_alive)
+                page = self.metrics_text()
+                if (names := requested_names(req.path)) is not None:
+                    page = restrict(page, names)
+                await self._send(writer, 200, page.encode(), "text/plain; version=0.0.4", keep_alive)
         else:
             await self._send_json(writer, 404, {"error": f"no route for {req.method} {path}"}, keep_alive)
 
