@@ -129,6 +129,7 @@ class _Version:
         finally:
             if src is not None:
                 sys.path.remove(str(src))
+        self.origin = str(Path(sys.modules["llm_epp"].__file__ or "").parent)
         self.modules: dict[str, ModuleType] = {
             k: v for k, v in sys.modules.items() if k == "llm_epp" or k.startswith("llm_epp.")
         }
@@ -197,6 +198,7 @@ async def run(args: argparse.Namespace) -> list[str]:
         "| version | min us | q1 us | median us |",
         "|---|---:|---:|---:|",
     ]
+    out[1:1] = [f"{v.label}: llm_epp from {v.origin}" for v in versions]
     for v in versions:
         lo, q1, med = _stats(v.blocks)
         out.append(f"| {v.label} | {lo * 1e6:.1f} | {q1 * 1e6:.1f} | {med * 1e6:.1f} |")
