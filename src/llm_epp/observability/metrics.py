@@ -501,10 +501,12 @@ class PrometheusRecorder:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._known_models: KnownModels = known_models
         self._known_generation = _generation_source(known_models)
-        # Memos of label resolution within one sweep epoch and one generation of the known models: raw
-        # (model, target model, fairness ID, priority) -> its request series, and names that resolved to
-        # `other`. Emptied by a sweep, by a newly learnt served model and when the known models change.
+        # Memos of label resolution within one sweep epoch: raw (model, target model, fairness ID, priority)
+        # -> its request series, and names that resolved to `other`. Emptied by a sweep and by a newly learnt
+        # served model. Only an `other` answer depends on the known models (an admitted name stays admitted
+        # until the sweep): while the memos hold one, they are also emptied when the known models change.
         self._memo_generation: int | None = None
+        self._memo_depends = False  # the memos hold an answer that depends on the known models
         self._series_memo: dict[tuple[str, str, str, int | str], _RequestSeries] = {}
         self._other_models: set[str] = set()
         self.max_label_length = max_label_length
@@ -575,17 +577,26 @@ class PrometheusRecorder:
     def _forget_memos(self) -> None:
         self._series_memo.clear()
         self._other_models.clear()
+        self._memo_depends = False
 
-    def _memos_valid(self) -> bool:
-        """Whether the memos may be used (emptying them first when the known models changed)."""
+    def _check_known(self) -> None:
+        """Empties the memos when they hold an answer the known models no longer give."""
+        if self._memo_depends:
+            source = self._known_generation
+            if source is None or source() != self._memo_generation:
+                self._forget_memos()
+
+    def _may_remember_other(self) -> bool:
+        """Whether an answer that depends on the known models may be remembered (after `_check_known`): only
+        when they can tell their generation."""
         source = self._known_generation
         generation = source() if source is not None else None
         if generation is None:
             return False
-        if generation != self._memo_generation:
-            self._forget_memos()
+        if not self._memo_depends:
             self._memo_generation = generation
-        return True
+            self._memo_depends = True
+        return generation == self._memo_generation
 
     def _model(self, model: str) -> str:
         label = self._model_labels.get(model)
@@ -594,10 +605,12 @@ class PrometheusRecorder:
         if not model:
             return ""
         other = self._other_models
-        if model in other and self._memos_valid() and model in other:
-            return OTHER
+        if model in other:
+            self._check_known()
+            if model in other:
+                return OTHER
         if len(model) > self.max_label_length or not (model in self._known_models or model in self._served):
-            if self._memos_valid():
+            if self._may_remember_other():
                 if len(other) >= _MEMO_SIZE:
                     other.clear()
                 other.add(model)
@@ -637,16 +650,15 @@ class PrometheusRecorder:
 
     def _series(self, model: str, target_model: str, fairness_id: str, priority: int | str) -> _RequestSeries:
         # Within a sweep epoch the same values resolve to the same labels (admitted names, fairness IDs
-        # and `other` change only at a sweep, when a served model is learnt or when the known models
-        # change, and each of these empties the memo), and the series found is already marked with this
-        # epoch; so a repeated request finds its series in one lookup.
+        # and `other` change only at a sweep, when a served model is learnt or, for `other`, when the known
+        # models change, and each of these empties the memo), and the series found is already marked with
+        # this epoch; so a repeated request finds its series in one lookup.
         raw = (model, target_model, fairness_id, priority)
         memo = self._series_memo
-        valid = self._memos_valid()
-        if valid:
-            series = memo.get(raw)
-            if series is not None:
-                return series
+        self._check_known()
+        series = memo.get(raw)
+        if series is not None:
+            return series
         m = self._model(model)
         t = m if target_model == model else self._model(target_model)
         key = (m, t, self._fairness_id(fairness_id), self._priority(priority))
@@ -655,7 +667,7 @@ class PrometheusRecorder:
             series = self._requests[key] = _RequestSeries(self._epoch)
         else:
             series.epoch = self._epoch
-        if valid:
+        if (m != OTHER and t != OTHER) or self._may_remember_other():
             if len(memo) >= _MEMO_SIZE:
                 memo.clear()
             memo[raw] = series
