@@ -275,11 +275,18 @@ def response_headers_response(
     set_headers: Mapping[str, str], remove: Sequence[str], metadata: Mapping[str, Mapping[str, object]] | None = None
 ) -> bytes:
     """The response-headers answer; `x-went-into-resp-headers: true` is always set, as the reference does."""
+    if not set_headers and not remove and not metadata:
+        return _PLAIN_RESPONSE_HEADERS  # the usual answer: nothing but the marker header
     sets = _WENT_INTO_RESP_HEADERS
     for k, v in set_headers.items():
         sets += _set_header(k, v)
     answer = _field(_T_RESPONSE_HEADERS, _field(_T_HEADERS_RESPONSE, _mutation(sets, remove)))
     return answer + dynamic_metadata(metadata) if metadata else answer
+
+
+_PLAIN_RESPONSE_HEADERS = _field(
+    _T_RESPONSE_HEADERS, _field(_T_HEADERS_RESPONSE, _mutation(_WENT_INTO_RESP_HEADERS, ()))
+)
 
 
 def error_body(err: EppError) -> bytes:

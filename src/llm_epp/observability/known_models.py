@@ -21,6 +21,7 @@ class ConfiguredAndServedModels:
         self._endpoints = endpoints
         self._seen: tuple[object, object] | None = None  # (rules, snapshot) the names were gathered from
         self._names: frozenset[str] = frozenset()
+        self._generation = 0
 
     def __contains__(self, model: object, /) -> bool:
         if not isinstance(model, str) or not model:
@@ -31,11 +32,31 @@ class ConfiguredAndServedModels:
         endpoints = self._endpoints()
         if not isinstance(endpoints, tuple):  # a mutable collection may change in place: gather every time
             return model in _gather(config, endpoints)
-        seen = self._seen
-        if seen is None or seen[0] is not config or seen[1] is not endpoints:
-            self._names = _gather(config, endpoints)
-            self._seen = (config, endpoints)
+        self._refresh(config, endpoints)
         return model in self._names
+
+    def generation(self) -> int | None:
+        """A number that stays the same as long as every membership answer does: it changes when the rules
+        change or an endpoint snapshot brings other names (a new snapshot naming the same models keeps it).
+        None when the endpoints come as a mutable collection, which may change unseen."""
+        config = self._objectives.config
+        endpoints = self._endpoints()
+        seen = self._seen
+        if seen is None or seen[1] is not endpoints or seen[0] is not config:
+            if not isinstance(endpoints, tuple):
+                return None
+            self._refresh(config, endpoints)
+        return self._generation
+
+    def _refresh(self, config: ObjectivesConfig, endpoints: tuple[Endpoint, ...]) -> None:
+        seen = self._seen
+        if seen is not None and seen[0] is config and seen[1] is endpoints:
+            return
+        names = _gather(config, endpoints)
+        if seen is None or seen[0] is not config or names != self._names:
+            self._generation += 1
+        self._names = names
+        self._seen = (config, endpoints)
 
 
 def _gather(config: ObjectivesConfig, endpoints: Iterable[Endpoint]) -> frozenset[str]:

@@ -83,6 +83,7 @@ DEFAULT_PREFIX_PLUGIN = TypedName("approx-prefix-cache-producer", "approx-prefix
 _ALPHA = "[ALPHA] "  # the reference's HelpMsgWithStability prefix
 _EPP = "llm_d_epp_"
 _SWEEP_EVERY = 256  # record calls between two looks at the clock
+_MEMO_SIZE = 4096  # raw label values remembered per memo (client-chosen: bounded, emptied when full)
 
 
 class KnownModels(Protocol):
@@ -92,6 +93,16 @@ class KnownModels(Protocol):
     be cheap."""
 
     def __contains__(self, model: object, /) -> bool: ...
+
+
+def _generation_source(known: KnownModels) -> Callable[[], int | None] | None:
+    """How to tell that `known` answers as before: a frozenset never changes; an object with a
+    `generation()` method says so itself (a number that changes when any answer may have); anything else
+    (a mutable set) cannot say, and answers about it are not remembered."""
+    if isinstance(known, frozenset):
+        return lambda: 0
+    generation = getattr(known, "generation", None)
+    return generation if callable(generation) else None
 
 
 def _go_float(v: float) -> str:
@@ -488,7 +499,16 @@ class PrometheusRecorder:
         if series_ttl <= 0 or max_label_length < 1:
             raise ValueError("series_ttl must be positive and max_label_length at least 1")
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        self.known_models: KnownModels = known_models
+        self._known_models: KnownModels = known_models
+        self._known_generation = _generation_source(known_models)
+        # Memos of label resolution within one sweep epoch: raw (model, target model, fairness ID, priority)
+        # -> its request series, and names that resolved to `other`. Emptied by a sweep and by a newly learnt
+        # served model. Only an `other` answer depends on the known models (an admitted name stays admitted
+        # until the sweep): while the memos hold one, they are also emptied when the known models change.
+        self._memo_generation: int | None = None
+        self._memo_depends = False  # the memos hold an answer that depends on the known models
+        self._series_memo: dict[tuple[str, str, str, int | str], _RequestSeries] = {}
+        self._other_models: set[str] = set()
         self.max_label_length = max_label_length
         self.series_ttl = series_ttl
         self.max_served_models = max_served_models
@@ -543,15 +563,58 @@ class PrometheusRecorder:
     ) -> None:
         self.latency.latency_slo_checked(model, target_model, kind, violated, plugin)
 
+    @property
+    def known_models(self) -> KnownModels:
+        return self._known_models
+
+    @known_models.setter
+    def known_models(self, known: KnownModels) -> None:
+        self._known_models = known
+        self._known_generation = _generation_source(known)
+        self._forget_memos()
+
     # --- label bounds -------------------------------------------------------------------------------
+    def _forget_memos(self) -> None:
+        self._series_memo.clear()
+        self._other_models.clear()
+        self._memo_depends = False
+
+    def _check_known(self) -> None:
+        """Empties the memos when they hold an answer the known models no longer give."""
+        if self._memo_depends:
+            source = self._known_generation
+            if source is None or source() != self._memo_generation:
+                self._forget_memos()
+
+    def _may_remember_other(self) -> bool:
+        """Whether an answer that depends on the known models may be remembered (after `_check_known`): only
+        when they can tell their generation."""
+        source = self._known_generation
+        generation = source() if source is not None else None
+        if generation is None:
+            return False
+        if not self._memo_depends:
+            self._memo_generation = generation
+            self._memo_depends = True
+        return generation == self._memo_generation
+
     def _model(self, model: str) -> str:
         label = self._model_labels.get(model)
         if label is not None:
             return label
         if not model:
             return ""
-        if len(model) > self.max_label_length or not (model in self.known_models or model in self._served):
-            return OTHER  # not cached: the cache holds admitted names only
+        other = self._other_models
+        if model in other:
+            self._check_known()
+            if model in other:
+                return OTHER
+        if len(model) > self.max_label_length or not (model in self._known_models or model in self._served):
+            if self._may_remember_other():
+                if len(other) >= _MEMO_SIZE:
+                    other.clear()
+                other.add(model)
+            return OTHER  # not in `_model_labels`: that holds admitted names only
         self._model_labels[model] = model
         return model
 
@@ -583,8 +646,19 @@ class PrometheusRecorder:
             self._served[model] = self._epoch
         elif len(self._served) < self.max_served_models and model not in self._model_labels:
             self._served[model] = self._epoch
+            self._forget_memos()  # a name that was `other` is now shown
 
     def _series(self, model: str, target_model: str, fairness_id: str, priority: int | str) -> _RequestSeries:
+        # Within a sweep epoch the same values resolve to the same labels (admitted names, fairness IDs
+        # and `other` change only at a sweep, when a served model is learnt or, for `other`, when the known
+        # models change, and each of these empties the memo), and the series found is already marked with
+        # this epoch; so a repeated request finds its series in one lookup.
+        raw = (model, target_model, fairness_id, priority)
+        memo = self._series_memo
+        self._check_known()
+        series = memo.get(raw)
+        if series is not None:
+            return series
         m = self._model(model)
         t = m if target_model == model else self._model(target_model)
         key = (m, t, self._fairness_id(fairness_id), self._priority(priority))
@@ -593,6 +667,10 @@ class PrometheusRecorder:
             series = self._requests[key] = _RequestSeries(self._epoch)
         else:
             series.epoch = self._epoch
+        if (m != OTHER and t != OTHER) or self._may_remember_other():
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[raw] = series
         return series
 
     def _cell(self, table: dict, key: tuple[str, ...]) -> _Cell:  # type: ignore[type-arg]
@@ -624,6 +702,7 @@ class PrometheusRecorder:
         self._served = {m: e for m, e in self._served.items() if e >= epoch}
         self._fairness = {f: e for f, e in self._fairness.items() if e >= epoch}
         self._model_labels = {}  # re-admitted against the current known models on next use
+        self._forget_memos()
         self._epoch = epoch + 1
         return True
 

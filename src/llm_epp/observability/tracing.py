@@ -47,6 +47,7 @@ import llm_epp
 from llm_epp.framework.plugin import TypedName
 from llm_epp.framework.recorder import Recorder
 from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, AttributeValue, RequestTrace, Tracer
+from llm_epp.observability.span_json import SpanFormatter
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
         else:
             if name != "console":
                 log.warning("tracing_exporter_unsupported OTEL_TRACES_EXPORTER=%r using=console", name)
-            exporters.append(ConsoleSpanExporter())
+            exporters.append(ConsoleSpanExporter(formatter=SpanFormatter()))  # the SDK's text, made faster
     return exporters
 
 

@@ -1,0 +1,31 @@
+"""`benchmarks.request_cost` at a tiny size, beside a copy of this checkout's code imported as the baseline."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_request_cost_runs_two_versions_side_by_side(tmp_path: Path) -> None:
+    baseline = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "llm_epp", baseline / "llm_epp", ignore=shutil.ignore_patterns("__pycache__"))
+    args = ["--baseline-src", str(baseline), "--blocks", "2", "--block", "5", "--warmup", "1", "--workload", "chat"]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.request_cost", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = out.stderr
+    assert f"old: llm_epp from {baseline / 'llm_epp'}" in report  # the baseline really is the other copy
+    assert f"new: llm_epp from {ROOT / 'src' / 'llm_epp'}" in report
+    rows = [r for r in report.splitlines() if re.match(r"^\| (old|new) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", r)]
+    assert [r.split("|")[1].strip() for r in rows] == ["old", "new"]
+    assert re.search(r"new / old: [\d.]+, [\d.]+, [\d.]+ \(min, q1, median\)", report)
