@@ -108,7 +108,9 @@ def rss_kib(pid: int | str = "self") -> int:
     return 0
 
 
-def _messages(i: int, systems: Sequence[str], rng: random.Random) -> list[Any]:
+def _messages(i: int, systems: Sequence[str], rng: random.Random, sized: bool = False) -> list[Any]:
+    """One request's ext_proc messages. `sized`: the response headers carry a Content-Length, as a non-streamed
+    vLLM answer's do (the EPP then ends the request at those headers)."""
     from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
     from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -133,7 +135,12 @@ def _messages(i: int, systems: Sequence[str], rng: random.Random) -> list[Any]:
         ),
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
         pb.ProcessingRequest(
-            response_headers=pb.HttpHeaders(headers=headers(((":status", "200"), ("content-type", "application/json"))))
+            response_headers=pb.HttpHeaders(
+                headers=headers(
+                    ((":status", "200"), ("content-type", "application/json"))
+                    + ((("content-length", "120"),) if sized else ())
+                )
+            )
         ),
     ]
 
@@ -203,7 +210,9 @@ def child_main(argv: Sequence[str]) -> int:
 # --- through gRPC: `llm-epp serve` in its own process, a gRPC client playing Envoy ---------------------------
 
 
-async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, streams: int, cancel: bool) -> Run:
+async def _grpc_run(
+    requests: int, sample: int, seed: int, capacity: int, streams: int, cancel: bool, sized: bool = False
+) -> Run:
     """`llm-epp serve` (default options but a small `lruCapacityPerServer`, so the index is full after a few
     thousand requests) fed over loopback gRPC by `streams` concurrent ext_proc streams at a time."""
     import grpc
@@ -216,6 +225,8 @@ async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, stream
     config = DEFAULT_CONFIG.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n" + producer)
     endpoints = ",".join(f"10.0.0.{i}:8000" for i in range(1, ENDPOINTS + 1))
     ending = "each stream cancelled after its answers" if cancel else "each stream half-closed"
+    if sized:
+        ending += ", responses with a Content-Length"
     run = Run("grpc", f"llm-epp serve, lruCapacityPerServer {capacity}, {streams} streams at a time, {ending}", [])
     epp = EppProcess(
         "--endpoints", endpoints, "--secure-serving=false", "--tracing=true", "--config-text", config,
@@ -230,7 +241,7 @@ async def _grpc_run(requests: int, sample: int, seed: int, capacity: int, stream
 
             async def one(i: int) -> None:
                 call = stub.Process()
-                for msg in _messages(i, systems, rng):
+                for msg in _messages(i, systems, rng, sized):
                     await call.write(msg)
                 if cancel:  # as Envoy ends a stream whose response body is not sent: a cancellation
                     answers = [await call.read() for _ in range(3)]
@@ -405,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--grpc-cancel", action="store_true", help="the gRPC run cancels each stream after its answers, as Envoy does"
     )
+    p.add_argument(
+        "--grpc-content-length",
+        action="store_true",
+        help="the gRPC run's response headers carry a Content-Length, as a non-streamed vLLM answer's do",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(args_list)
@@ -425,7 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(
             uvloop.run(
                 _grpc_run(
-                    args.grpc_requests, args.sample, args.seed, args.grpc_capacity, args.grpc_streams, args.grpc_cancel
+                    args.grpc_requests,
+                    args.sample,
+                    args.seed,
+                    args.grpc_capacity,
+                    args.grpc_streams,
+                    args.grpc_cancel,
+                    args.grpc_content_length,
                 )
             )
         )
