@@ -133,6 +133,8 @@ class _Version:
         self.modules: dict[str, ModuleType] = {
             k: v for k, v in sys.modules.items() if k == "llm_epp" or k.startswith("llm_epp.")
         }
+        # A stream whose response ended at its headers waits for Envoy to end it; Envoy does so at once here.
+        self.components.servicer.close_wait_s = 0.0
         self.process: Callable[[Any, Any], Any] = self.components.servicer.process
         # Spans are exported from a thread: each block waits for its own, so no version pays for the other's.
         provider = getattr(self.components.servicer.tracer, "provider", None)
