@@ -51,6 +51,7 @@ class Affine(Saturation):
         self.window = window
         self.max_wait = max_wait
         self.where: dict[str, Placement] = {}
+        self.cost: dict[str, float] = {}
         self.asked: list[str] = []
         self.fail = False
 
@@ -65,12 +66,12 @@ class Affine(Saturation):
     def affinity_key(self, request: InferenceRequest) -> object:
         return request.request_id
 
-    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement:
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> tuple[Placement, float]:
         if self.fail:
             raise RuntimeError("broken detector")
         assert isinstance(key, str) and endpoints
         self.asked.append(key)
-        return self.where.get(key, FULL)
+        return self.where.get(key, FULL), self.cost.get(key, 1000.0)
 
 
 class Clock:

@@ -31,8 +31,11 @@ def _ep(name: str, kv: float = 0.0, updated: float = 1.0, address: str = "10.0.0
     return dataclasses.replace(ep, metrics=metrics)
 
 
-def _detector(handle: FakeHandle | None = None, headroom: float = 0.0) -> KvCacheHeadroomDetector:
-    return factory("kv", Params(headroom=headroom, defaultOutputTokens=100), handle or FakeHandle())
+def _detector(
+    handle: FakeHandle | None = None, headroom: float = 0.0, overcommit: float = 0.0
+) -> KvCacheHeadroomDetector:
+    params = Params(headroom=headroom, overcommit=overcommit, defaultOutputTokens=100)
+    return factory("kv", params, handle or FakeHandle())
 
 
 def _send(det: KvCacheHeadroomDetector, ep: Endpoint, prompt_bytes: int, max_tokens: int) -> CycleState:
@@ -170,14 +173,21 @@ SYSTEM = "You are a careful assistant. " * 80  # ~2,300 characters: 36 blocks of
 
 @pytest.mark.parametrize(("home_kv", "expected"), [(0.1, Placement.HOME_FITS), (0.95, Placement.HOME_FULL)])
 def test_a_queued_request_is_placed_by_where_its_prefix_is_held(home_kv: float, expected: Placement) -> None:
-    det = factory("kv", Params(), FakeHandle())
+    det = factory("kv", Params(overcommit=0), FakeHandle())
     assert det.dispatch_window == 16 and det.dispatch_max_wait == 10.0
     home, other = _ep("a", kv=home_kv), _ep("b", kv=0.1, address="10.0.0.2")
     _hold(det, _prompted(SYSTEM + "first question"), home)
     queued = det.affinity_key(_prompted(SYSTEM + "second question"))
-    assert det.placement(queued, [home, other]) is expected
+    placement, cost = det.placement(queued, [home, other])
+    assert placement is expected
     stranger = det.affinity_key(_prompted("Something else entirely. " * 100))
-    assert det.placement(stranger, [home, other]) is Placement.NO_HOME
+    far, far_cost = det.placement(stranger, [home, other])
+    assert far is Placement.NO_HOME
+    # what each adds: its prompt less the ~575 tokens of prefix held at home (the stranger: all of it), and
+    # the expected output
+    full = sum(det._size(_prompted(SYSTEM + "second question"), 0.0))
+    assert full - 600 < cost < full - 500
+    assert far_cost == pytest.approx(sum(det._size(_prompted("Something else entirely. " * 100), 0.0)))
 
 
 def test_the_filter_keeps_a_request_on_its_prefix_endpoint_when_that_has_room() -> None:
