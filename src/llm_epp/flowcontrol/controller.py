@@ -12,7 +12,10 @@ ends (`notify`), on enqueue, and every `poll_interval` seconds while requests wa
 
 With a saturation detector that implements `DispatchAffinity` (window > 0), the picked flow's request is
 chosen among its first requests by where their prefixes are held (`dispatch.py`); otherwise, and always with
-upstream's detectors, strictly the first.
+upstream's detectors, strictly the first. With such a detector, a band whose ceiling is 1.0 and which the
+saturation reaches may still release a request that fits where its prefix is held (on its real size, not a
+typical request's); if none does it stops the cycle as any blocked band (its fairness turn unchanged), and an
+empty one does not stop it.
 
 With eviction on (`config.eviction`), a cycle stopped by a blocked band also asks the reclamation whether to
 evict dispatched lower-priority requests for it (`eviction.py`).

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from llm_epp.framework import (
     ApiKind,
@@ -201,3 +202,25 @@ def test_the_filter_keeps_a_request_on_its_prefix_endpoint_when_that_has_room() 
         cycle.write(PREFIX_MATCH_KEY, PrefixMatch(hash_prompt(second, 16, 256), {}, 16))
         kept[window] = [e.key.name for e in det.filter(cycle, second, [home, other])]
     assert kept == {0: ["a", "b"], 8: ["a"]}
+
+
+def test_overcommit_lets_the_predicted_peak_pass_capacity_by_that_fraction() -> None:
+    handle = FakeHandle(clock=1.0)
+    strict, loose = _detector(handle), _detector(handle, overcommit=0.1)
+    ep = _ep("a", kv=0.0, updated=0.5)
+    for det in (strict, loose):
+        _send(det, ep, prompt_bytes=4 * 8000, max_tokens=8400)  # predicted peak 16,400 tokens: 102.5%
+    assert strict._ratio(ep, 0, 0) == pytest.approx(16_400 / 16_000)
+    assert loose._ratio(ep, 0, 0) == pytest.approx(16_400 / 17_600)
+    # a 1,000-token request more: past the limit without overcommit, within it with 10%
+    assert strict._ratio(ep, 500, 500) > 1.0 > loose._ratio(ep, 500, 500)
+    both = _detector(handle, headroom=0.02, overcommit=0.1)
+    _send(both, ep, prompt_bytes=4 * 8000, max_tokens=8400)
+    assert both._ratio(ep, 0, 0) == pytest.approx(16_400 / (16_000 * 1.08))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.6, float("nan")])
+def test_overcommit_out_of_range_is_refused_with_its_bounds(bad: float) -> None:
+    with pytest.raises(ValidationError, match="overcommit"):
+        Params.model_validate({"overcommit": bad})
+    assert Params().overcommit == 0.1 and Params().headroom == 0.0

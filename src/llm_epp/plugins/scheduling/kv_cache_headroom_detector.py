@@ -28,7 +28,11 @@ Inputs consumed:
     inter-token latency).
 
 Configuration:
-    headroom (float in [0, 0.5), default 0.02): fraction of each endpoint's KV cache kept free.
+    headroom (float in [0, 0.5), default 0): fraction of each endpoint's KV cache kept free.
+    overcommit (float in [0, 0.5], default 0.10): fraction of each endpoint's KV capacity the predicted peak
+        may exceed (vLLM V1 preempts by freeing a request's blocks while their content stays cached, so a
+        small overflow costs little; without it the caches run a few percent below full). The limit is
+        capacity x (1 - headroom + overcommit).
     kvCacheTokens (int >= 0, default 0): KV capacity per endpoint in tokens; 0 reads the scraped
         `cache_num_blocks x cache_block_size` (vLLM's cache_config_info).
     defaultOutputTokens (int > 0, default 512): expected output before any request has completed, for
@@ -42,15 +46,17 @@ Configuration:
 
     dispatchWindow (int in [0, 64], default 16): affinity-aware dispatch under flow control. When capacity frees,
         flow control looks at the first `dispatchWindow` requests of the flow its fairness policy picked and
-        releases the first whose prefix is held (by requests in flight) on an endpoint with room for it, else
-        the first whose prefix nobody holds; when every one of them would have to copy its prefix to another
-        endpoint, it releases nothing until one fits (priority bands stay strict: lower bands wait too).
+        releases, among those whose prefix is held (by requests in flight) on an endpoint with room for them,
+        the one adding the fewest KV tokens there, else the first whose prefix nobody holds; when every one
+        of them would have to copy its prefix to another endpoint, it releases nothing until one fits
+        (priority bands stay strict: lower bands wait too). While the pool is saturated for a typical
+        request, a request that fits at its home on its real size is still released (full band ceilings).
         As a filter, a request whose prefix endpoint has room is then kept on it. 0 releases strictly in
         queue order, as upstream flow control does.
     dispatchMaxWaitSeconds (float > 0, default 10): a request that has been among those first requests this
         long is released first, wherever its prefix is (no request starves for its affinity).
 
-    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom));
+    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
     the endpoints whose peak with the request stays within the limit (see keepPrefixHome); when none does,
     the one with the lowest predicted peak.
