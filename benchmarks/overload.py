@@ -20,8 +20,10 @@ Routers:
 * ``reference + flow control``: the same with the ``flowControl`` gate and llm-d-router's defaults
   (``utilization-detector``: queue depth 5, KV 0.8; TTL 60 s; strict priority, global-strict fairness);
 * ``llm-epp kv-headroom``: the same flow control with ``kv-cache-headroom-detector`` as the saturation
-  detector and as a filter in the profile (dispatch only where the predicted KV peak fits), with its
-  affinity-aware dispatch at the defaults (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10);
+  detector and as a filter in the profile (dispatch only where the predicted KV peak fits), at its defaults:
+  affinity-aware dispatch (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10) and ``overcommit`` 0.10;
+* ``llm-epp kv-headroom (no overcommit)``: the same with ``overcommit: 0`` (the predicted peak stays within
+  each pod's KV capacity);
 * ``llm-epp kv-headroom (in-order dispatch)``: the same with ``dispatchWindow: 0`` (flow control releases
   strictly in queue order);
 * ``llm-epp kv-headroom + prefix home``: the detector's ``keepPrefixHome``.
@@ -99,11 +101,16 @@ KV_IN_ORDER = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {dispatchWindow: 0}\n",
 )
+KV_NO_OVERCOMMIT = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {overcommit: 0}\n",
+)
 ROUTERS: dict[str, str | None] = {
     "round-robin": "",
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom (no overcommit)": KV_NO_OVERCOMMIT,
     "llm-epp kv-headroom (in-order dispatch)": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,
 }

@@ -12,7 +12,10 @@ ends (`notify`), on enqueue, and every `poll_interval` seconds while requests wa
 
 With a saturation detector that implements `DispatchAffinity` (window > 0), the picked flow's request is
 chosen among its first requests by where their prefixes are held (`dispatch.py`); otherwise, and always with
-upstream's detectors, strictly the first.
+upstream's detectors, strictly the first. With such a detector, a band whose ceiling is 1.0 and which the
+saturation reaches may still release a request that fits where its prefix is held (on its real size, not a
+typical request's); if none does it stops the cycle as any blocked band (its fairness turn unchanged), and an
+empty one does not stop it.
 
 With eviction on (`config.eviction`), a cycle stopped by a blocked band also asks the reclamation whether to
 evict dispatched lower-priority requests for it (`eviction.py`).
@@ -45,6 +48,14 @@ from llm_epp.framework.types import Endpoint, InferenceRequest
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.05
+
+
+class _Held:
+    """A flow holding its requests for their prefixes' endpoints (nothing released, nothing overtakes)."""
+
+
+_HELD = _Held()
+
 METRICS_LAG_S = 0.05 + 2.0
 """Default refresh interval + staleness threshold of scraped metrics (`--refresh-metrics-interval`,
 `--metrics-staleness-threshold`)."""
@@ -345,35 +356,60 @@ class FlowController:
         active = self._priorities
         ceilings = [1.0] * len(active)
         self.config.usage_limit.compute_limit(saturation, active, ceilings)
+        affinity = self.affinity
         for i, (priority, ceiling) in enumerate(zip(active, ceilings, strict=True)):
-            if saturation >= ceiling:
-                if self.reclamation is not None:
-                    self._maybe_reclaim(saturation, active, ceilings, i)
-                return  # head-of-line blocking keeps strict priority
             band = self.bands[priority]
+            saturated = saturation >= ceiling
+            if saturated and (affinity is None or ceiling < 1.0 or band.length):
+                # with affinity and a full ceiling, a request that fits at home on its real size may still go;
+                # a look that releases nothing leaves the fairness policy's turn where it was
+                item: Item | _Held | None = None
+                if affinity is not None and ceiling >= 1.0:
+                    turn = band.save_state()
+                    item = self._pick(band, endpoints, affinity, True)
+                    if not isinstance(item, Item):
+                        band.restore_state(turn)
+                if not isinstance(item, Item):
+                    if self.reclamation is not None:
+                        self._maybe_reclaim(saturation, active, ceilings, i)
+                    return  # head-of-line blocking keeps strict priority
+                self._release(item, band)
+                return
             if not band.length:
-                continue
-            view = band.config.fairness.pick_flow(band)
-            if view is None:
-                continue
-            q = band.flows.get(view.key.id)
-            if q is None:
-                continue
-            if self.affinity is None:
-                item = q.pop()
-            else:
-                item = self._pick_by_affinity(q, endpoints, self.affinity)
-                if item is None and len(q):
-                    return  # the band holds its requests for their prefixes' endpoints: strict priority
+                continue  # (saturated only with affinity: an empty band holds nothing back)
+            item = self._pick(band, endpoints, affinity, False)
+            if isinstance(item, _Held):
+                return  # the band holds its requests for their prefixes' endpoints: strict priority
             if item is None:
                 continue
-            self._account_exit(item, band, QueueOutcome.DISPATCHED)
-            item.state = DISPATCHED
-            self.unsettled += 1
-            item.future.set_result(None)
+            self._release(item, band)
             return
 
-    def _pick_by_affinity(self, q: FlowQueue, endpoints: Sequence[Endpoint], affinity: DispatchAffinity) -> Item | None:
+    def _pick(
+        self, band: Band, endpoints: Sequence[Endpoint], affinity: DispatchAffinity | None, saturated: bool
+    ) -> Item | _Held | None:
+        """The request the band releases now (its fairness policy's flow, then in order or by affinity); None
+        when the band has nothing to release, `_HELD` when the flow holds its requests for their prefixes."""
+        view = band.config.fairness.pick_flow(band)
+        if view is None:
+            return None
+        q = band.flows.get(view.key.id)
+        if q is None:
+            return None
+        if affinity is None:
+            return q.pop()
+        item = self._pick_by_affinity(q, endpoints, affinity, saturated)
+        return _HELD if item is None and len(q) else item
+
+    def _release(self, item: Item, band: Band) -> None:
+        self._account_exit(item, band, QueueOutcome.DISPATCHED)
+        item.state = DISPATCHED
+        self.unsettled += 1
+        item.future.set_result(None)
+
+    def _pick_by_affinity(
+        self, q: FlowQueue, endpoints: Sequence[Endpoint], affinity: DispatchAffinity, saturated: bool
+    ) -> Item | None:
         """Takes the request to release out of `q` (see `dispatch.py`), or None to hold them all."""
         window = q.pop_window(affinity.dispatch_window)
         if not window:
@@ -385,11 +421,13 @@ class FlowController:
                 item.in_window_since = now
             since.append(item.in_window_since)
         try:
-            placements = [affinity.placement(item.affinity, endpoints) for item in window]
+            fits = [affinity.placement(item.affinity, endpoints) for item in window]
         except Exception:
             q.restore(window)  # a failing detector loses no request; the cycle logs it and retries
             raise
-        chosen = choose(placements, since, now, affinity.dispatch_max_wait)
+        placements = [f[0] for f in fits]
+        costs = [f[1] for f in fits]
+        chosen = choose(placements, since, now, affinity.dispatch_max_wait, costs, saturated=saturated)
         picked = window.pop(chosen) if chosen is not None else None
         q.restore(window)
         return picked

@@ -4,6 +4,7 @@ owns them and runs them on the event loop."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -172,6 +173,13 @@ class Band:
     @property
     def policy_state(self) -> object:
         return self._state
+
+    def save_state(self) -> object:
+        """A copy of the fairness policy's state, for `restore_state` after a look that released nothing."""
+        return copy.copy(self._state)
+
+    def restore_state(self, state: object) -> None:
+        self._state = state
 
     def flow_keys(self) -> Sequence[FlowKey]:
         return [q.key for q in self.flows.values() if len(q)]

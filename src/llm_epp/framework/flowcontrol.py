@@ -40,7 +40,12 @@ class DispatchAffinity(Protocol):
     `dispatch_window` is how many of the flow's first requests (in the ordering policy's order) are looked at;
     0 turns the step off (flow control releases strictly in order, as upstream). A request that has been in
     that window for `dispatch_max_wait` seconds is released before any other (age beats affinity).
-    `affinity_key` runs once per queued request; `placement` on every dispatch cycle, synchronous and cheap."""
+    `affinity_key` runs once per queued request; `placement` on every dispatch cycle, synchronous and cheap.
+    `placement` answers where the request would go and what it would add there (KV tokens: its prompt not
+    shared at its home plus its expected output; only compared between requests placed `HOME_FITS`, the
+    cheapest of which goes first). A `HOME_FITS` request may be released while the pool is saturated for a
+    typical request (with a full band ceiling, see `flowcontrol/dispatch.py`): `placement` judges it on its
+    real size at its home."""
 
     @property
     def dispatch_window(self) -> int: ...
@@ -50,4 +55,4 @@ class DispatchAffinity(Protocol):
 
     def affinity_key(self, request: InferenceRequest) -> object: ...
 
-    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement: ...
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> tuple[Placement, float]: ...

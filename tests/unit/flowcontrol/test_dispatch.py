@@ -14,6 +14,7 @@ from llm_epp.flowcontrol.dispatch import choose
 from llm_epp.framework.flowcontrol import DispatchAffinity, Placement
 from llm_epp.framework.types import Endpoint, InferenceRequest
 from llm_epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
+from llm_epp.plugins.flowcontrol.static_usage_limit_policy import StaticUsageLimitPolicy
 from tests.unit.builders import endpoint
 from tests.unit.flowcontrol.support import Order, Saturation, config, req, settle_loop
 
@@ -51,6 +52,7 @@ class Affine(Saturation):
         self.window = window
         self.max_wait = max_wait
         self.where: dict[str, Placement] = {}
+        self.cost: dict[str, float] = {}
         self.asked: list[str] = []
         self.fail = False
 
@@ -65,12 +67,12 @@ class Affine(Saturation):
     def affinity_key(self, request: InferenceRequest) -> object:
         return request.request_id
 
-    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement:
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> tuple[Placement, float]:
         if self.fail:
             raise RuntimeError("broken detector")
         assert isinstance(key, str) and endpoints
         self.asked.append(key)
-        return self.where.get(key, FULL)
+        return self.where.get(key, FULL), self.cost.get(key, 1000.0)
 
 
 class Clock:
@@ -222,3 +224,87 @@ async def test_ttl_expiry_still_applies_to_a_held_request() -> None:
     with pytest.raises(FlowControlRejected, match="timed out in queue"):
         await asyncio.wait_for(fc.enqueue_and_wait(req("a")), 1)
     assert fc.length == 0
+
+
+# --- the cheapest fit, and a saturated pool ----------------------------------------------------------------
+def test_the_fit_at_home_that_adds_the_fewest_tokens_goes_first() -> None:
+    since = [10.0] * 4
+    assert choose([FITS, NONE, FITS, FITS], since, 10.5, 3.0, [2200.0, 10.0, 1000.0, 1000.0]) == 2
+    # a cheap request that would copy its prefix, or that nobody holds, does not compete with a fit at home
+    assert choose([FULL, NONE, FITS], since[:3], 10.5, 3.0, [10.0, 10.0, 2200.0]) == 2
+
+
+def test_a_saturated_pool_releases_only_a_fit_at_home_and_age_forces_nothing() -> None:
+    old = [0.0, 0.0, 9.0]  # the first two have waited past the bound
+    assert choose([NONE, FULL, FITS], old, 10.0, 3.0, [1.0, 1.0, 2000.0], saturated=True) == 2
+    assert choose([NONE, FULL], old[:2], 10.0, 3.0, [1.0, 1.0], saturated=True) is None
+    assert choose([NONE, FULL], old[:2], 10.0, 3.0, [1.0, 1.0]) == 0, "with room, age goes first"
+
+
+async def test_a_saturated_pool_still_releases_a_request_that_fits_at_home() -> None:
+    det, clock = Affine(1.0, window=4), Clock()
+    fc = _controller(det, clock)
+    order = Order(fc)
+    tasks = await _queue(order, req("a"), req("b"), req("c"))
+    assert order.released == [], "nothing fits at home yet"
+    det.where = {"a": NONE, "b": FITS, "c": FITS}
+    det.cost = {"b": 2200.0, "c": 1000.0}
+    fc.notify()
+    await settle_loop(10)
+    assert order.released == ["c"], "saturated for a typical request, but c adds little where its prefix is"
+    det.where = {"a": NONE}
+    clock.t += 60.0  # far past the maximum wait: on a saturated pool a still waits
+    order.tickets["c"].settle()
+    await settle_loop(10)
+    assert order.released == ["c"]
+    det.value = 0.5
+    fc.notify()
+    await settle_loop(10)
+    assert order.released == ["c", "a"], "with room, the oldest goes (age beats affinity)"
+    det.where = {"b": FITS}
+    for ticket in order.tickets.values():
+        ticket.settle()
+    await settle_loop(10)
+    await asyncio.gather(*tasks)
+    assert order.released == ["c", "a", "b"]
+    for ticket in order.tickets.values():
+        ticket.settle()
+
+
+@pytest.mark.parametrize("window", [0, 4])
+async def test_below_a_full_ceiling_or_without_the_window_a_saturated_pool_releases_nothing(window: int) -> None:
+    det, clock = Affine(0.9, window=window), Clock()
+    threshold = 0.8 if window else 1.0
+    fc = _controller(det, clock, usage_limit=StaticUsageLimitPolicy(threshold=threshold))
+    if not window:
+        det.value = 1.0
+    order = Order(fc)
+    tasks = await _queue(order, req("a"), req("b"))
+    det.where = {"a": FITS, "b": FITS}
+    fc.notify()
+    await settle_loop(10)
+    assert order.released == [] and fc.length == 2
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert fc.length == 0
+
+
+async def test_a_saturated_band_with_nothing_queued_does_not_hold_back_a_lower_one() -> None:
+    det, clock = Affine(1.0, window=4), Clock()
+    fc = _controller(det, clock)
+    order = Order(fc)
+    tasks = await _queue(order, req("high", priority=10))
+    det.where = {"high": FITS}
+    fc.notify()
+    await settle_loop(10)
+    assert order.released == ["high"]
+    order.tickets["high"].settle()
+    tasks += await _queue(order, req("low", priority=0))
+    det.where = {"low": FITS}
+    fc.notify()
+    await settle_loop(10)
+    assert order.released == ["high", "low"]
+    await asyncio.gather(*tasks)
+    for ticket in order.tickets.values():
+        ticket.settle()

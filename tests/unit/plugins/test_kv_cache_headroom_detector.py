@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from llm_epp.framework import (
     ApiKind,
@@ -31,8 +32,11 @@ def _ep(name: str, kv: float = 0.0, updated: float = 1.0, address: str = "10.0.0
     return dataclasses.replace(ep, metrics=metrics)
 
 
-def _detector(handle: FakeHandle | None = None, headroom: float = 0.0) -> KvCacheHeadroomDetector:
-    return factory("kv", Params(headroom=headroom, defaultOutputTokens=100), handle or FakeHandle())
+def _detector(
+    handle: FakeHandle | None = None, headroom: float = 0.0, overcommit: float = 0.0
+) -> KvCacheHeadroomDetector:
+    params = Params(headroom=headroom, overcommit=overcommit, defaultOutputTokens=100)
+    return factory("kv", params, handle or FakeHandle())
 
 
 def _send(det: KvCacheHeadroomDetector, ep: Endpoint, prompt_bytes: int, max_tokens: int) -> CycleState:
@@ -170,14 +174,21 @@ SYSTEM = "You are a careful assistant. " * 80  # ~2,300 characters: 36 blocks of
 
 @pytest.mark.parametrize(("home_kv", "expected"), [(0.1, Placement.HOME_FITS), (0.95, Placement.HOME_FULL)])
 def test_a_queued_request_is_placed_by_where_its_prefix_is_held(home_kv: float, expected: Placement) -> None:
-    det = factory("kv", Params(), FakeHandle())
+    det = factory("kv", Params(overcommit=0), FakeHandle())
     assert det.dispatch_window == 16 and det.dispatch_max_wait == 10.0
     home, other = _ep("a", kv=home_kv), _ep("b", kv=0.1, address="10.0.0.2")
     _hold(det, _prompted(SYSTEM + "first question"), home)
     queued = det.affinity_key(_prompted(SYSTEM + "second question"))
-    assert det.placement(queued, [home, other]) is expected
+    placement, cost = det.placement(queued, [home, other])
+    assert placement is expected
     stranger = det.affinity_key(_prompted("Something else entirely. " * 100))
-    assert det.placement(stranger, [home, other]) is Placement.NO_HOME
+    far, far_cost = det.placement(stranger, [home, other])
+    assert far is Placement.NO_HOME
+    # what each adds: its prompt less the ~575 tokens of prefix held at home (the stranger: all of it), and
+    # the expected output
+    full = sum(det._size(_prompted(SYSTEM + "second question"), 0.0))
+    assert full - 600 < cost < full - 500
+    assert far_cost == pytest.approx(sum(det._size(_prompted("Something else entirely. " * 100), 0.0)))
 
 
 def test_the_filter_keeps_a_request_on_its_prefix_endpoint_when_that_has_room() -> None:
@@ -191,3 +202,25 @@ def test_the_filter_keeps_a_request_on_its_prefix_endpoint_when_that_has_room() 
         cycle.write(PREFIX_MATCH_KEY, PrefixMatch(hash_prompt(second, 16, 256), {}, 16))
         kept[window] = [e.key.name for e in det.filter(cycle, second, [home, other])]
     assert kept == {0: ["a", "b"], 8: ["a"]}
+
+
+def test_overcommit_lets_the_predicted_peak_pass_capacity_by_that_fraction() -> None:
+    handle = FakeHandle(clock=1.0)
+    strict, loose = _detector(handle), _detector(handle, overcommit=0.1)
+    ep = _ep("a", kv=0.0, updated=0.5)
+    for det in (strict, loose):
+        _send(det, ep, prompt_bytes=4 * 8000, max_tokens=8400)  # predicted peak 16,400 tokens: 102.5%
+    assert strict._ratio(ep, 0, 0) == pytest.approx(16_400 / 16_000)
+    assert loose._ratio(ep, 0, 0) == pytest.approx(16_400 / 17_600)
+    # a 1,000-token request more: past the limit without overcommit, within it with 10%
+    assert strict._ratio(ep, 500, 500) > 1.0 > loose._ratio(ep, 500, 500)
+    both = _detector(handle, headroom=0.02, overcommit=0.1)
+    _send(both, ep, prompt_bytes=4 * 8000, max_tokens=8400)
+    assert both._ratio(ep, 0, 0) == pytest.approx(16_400 / (16_000 * 1.08))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.6, float("nan")])
+def test_overcommit_out_of_range_is_refused_with_its_bounds(bad: float) -> None:
+    with pytest.raises(ValidationError, match="overcommit"):
+        Params.model_validate({"overcommit": bad})
+    assert Params().overcommit == 0.1 and Params().headroom == 0.0

@@ -28,7 +28,11 @@ Inputs consumed:
     inter-token latency).
 
 Configuration:
-    headroom (float in [0, 0.5), default 0.02): fraction of each endpoint's KV cache kept free.
+    headroom (float in [0, 0.5), default 0): fraction of each endpoint's KV cache kept free.
+    overcommit (float in [0, 0.5], default 0.10): fraction of each endpoint's KV capacity the predicted peak
+        may exceed (vLLM V1 preempts by freeing a request's blocks while their content stays cached, so a
+        small overflow costs little; without it the caches run a few percent below full). The limit is
+        capacity x (1 - headroom + overcommit).
     kvCacheTokens (int >= 0, default 0): KV capacity per endpoint in tokens; 0 reads the scraped
         `cache_num_blocks x cache_block_size` (vLLM's cache_config_info).
     defaultOutputTokens (int > 0, default 512): expected output before any request has completed, for
@@ -42,15 +46,17 @@ Configuration:
 
     dispatchWindow (int in [0, 64], default 16): affinity-aware dispatch under flow control. When capacity frees,
         flow control looks at the first `dispatchWindow` requests of the flow its fairness policy picked and
-        releases the first whose prefix is held (by requests in flight) on an endpoint with room for it, else
-        the first whose prefix nobody holds; when every one of them would have to copy its prefix to another
-        endpoint, it releases nothing until one fits (priority bands stay strict: lower bands wait too).
+        releases, among those whose prefix is held (by requests in flight) on an endpoint with room for them,
+        the one adding the fewest KV tokens there, else the first whose prefix nobody holds; when every one
+        of them would have to copy its prefix to another endpoint, it releases nothing until one fits
+        (priority bands stay strict: lower bands wait too). While the pool is saturated for a typical
+        request, a request that fits at its home on its real size is still released (full band ceilings).
         As a filter, a request whose prefix endpoint has room is then kept on it. 0 releases strictly in
         queue order, as upstream flow control does.
     dispatchMaxWaitSeconds (float > 0, default 10): a request that has been among those first requests this
         long is released first, wherever its prefix is (no request starves for its affinity).
 
-    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom));
+    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
     the endpoints whose peak with the request stays within the limit (see keepPrefixHome); when none does,
     the one with the lowest predicted peak.
@@ -89,7 +95,8 @@ _EWMA = 0.1  # weight of each new observation in the calibrated estimates
 
 
 class Params(PluginParams):
-    headroom: float = Field(default=0.02, ge=0.0, lt=0.5, allow_inf_nan=False)
+    headroom: float = Field(default=0.0, ge=0.0, lt=0.5, allow_inf_nan=False)
+    overcommit: float = Field(default=0.10, ge=0.0, le=0.5, allow_inf_nan=False)
     kv_cache_tokens: int = Field(default=0, ge=0, alias="kvCacheTokens")
     default_output_tokens: int = Field(default=512, gt=0, alias="defaultOutputTokens")
     default_inter_token_latency_ms: float = Field(
@@ -141,17 +148,19 @@ class KvCacheHeadroomDetector:
         self,
         name: str,
         handle: Handle,
-        headroom: float = 0.02,
+        headroom: float = 0.0,
         kv_cache_tokens: int = 0,
         default_output_tokens: int = 512,
         default_itl: float = 0.1,
         keep_prefix_home: bool = False,
         dispatch_window: int = 0,
         dispatch_max_wait: float = 10.0,
+        overcommit: float = 0.0,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self._handle = handle
         self.headroom = headroom
+        self.overcommit = overcommit
         self.kv_cache_tokens = kv_cache_tokens
         self.keep_prefix_home = keep_prefix_home
         self._dispatch_window = dispatch_window
@@ -212,7 +221,7 @@ class KvCacheHeadroomDetector:
         capacity = self.capacity(ep)
         if capacity <= 0 or ep.metrics.update_time <= 0:
             return 1.0
-        return self.peak(ep, new_prompt, new_output) / (capacity * (1.0 - self.headroom))
+        return self.peak(ep, new_prompt, new_output) / (capacity * (1.0 - self.headroom + self.overcommit))
 
     # --- SaturationDetector ---------------------------------------------------------------------------
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
@@ -288,20 +297,21 @@ class KvCacheHeadroomDetector:
                 homes.append(ep)
         return best, homes
 
-    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> Placement:
+    def placement(self, key: object, endpoints: Sequence[Endpoint]) -> tuple[Placement, float]:
         if not isinstance(key, _Queued):
-            return Placement.NO_HOME
+            return Placement.NO_HOME, 0.0
         hashes = self._queued_hashes(key)
         blocks, homes = self._homes(hashes, endpoints)
         if not blocks:
-            return Placement.NO_HOME
+            prompt, output = self._size(key.request, 0.0)
+            return Placement.NO_HOME, prompt + output
         shared = float(blocks * self._block_size)
         if blocks == len(hashes):
             shared += self.shared_beyond
         prompt, output = self._size(key.request, shared)
         if any(self._ratio(ep, prompt, output) <= 1.0 for ep in homes):
-            return Placement.HOME_FITS
-        return Placement.HOME_FULL
+            return Placement.HOME_FITS, prompt + output
+        return Placement.HOME_FULL, prompt + output
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
         if not endpoints:
@@ -422,4 +432,5 @@ def factory(name: str, params: Params, handle: Handle) -> KvCacheHeadroomDetecto
         params.keep_prefix_home,
         params.dispatch_window,
         params.dispatch_max_wait,
+        params.overcommit,
     )
