@@ -828,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
             system_len=200,
             question_len=50,
             output_len=20,
-            stages=(Stage(4.0, 2.0), Stage(8.0, 2.0)),
+            stages=(Stage(4.0, 1.0), Stage(8.0, 1.0)),
             routers=ROUTERS if args.peers else tuple(r for r in ROUTERS if r not in PEERS),
             request_timeout=30.0,
         )

@@ -1069,8 +1069,8 @@ def main(argv: list[str] | None = None) -> int:
         EPP_ENV[key] = value
     notes: list[str] = []
     if args.smoke:
-        args.rates, args.open_duration, args.rounds, args.drain = [100, 300], 1.5, 1, 2.0
-        args.search_rates, args.search_duration, args.rss_requests = [100, 200], 1.5, 2000
+        args.rates, args.open_duration, args.rounds, args.drain = [100, 300], 1.0, 1, 1.0
+        args.search_rates, args.search_duration, args.rss_requests = [100, 200], 1.0, 1000
         args.picker_rates, args.duration = [100], 1
         if args.part == "all":
             args.part = "3+4"

@@ -69,7 +69,7 @@ class LiveSetup:
         return distinct / (self.pods * p.kv_capacity_tokens)
 
 
-SMOKE = LiveSetup(pods=2, groups=4, stages=(Stage(10, 2), Stage(10, 2)), time_scale=2.0, smoke=True)
+SMOKE = LiveSetup(pods=2, groups=4, stages=(Stage(10, 1), Stage(10, 1)), time_scale=2.0, smoke=True)
 
 
 def precise_config(render_url: str, zmq_base: int, replay_base: int) -> str:
