@@ -298,7 +298,7 @@ class MetricsRuntime:
         page cannot be trusted) the full page at `url`."""
         if nf is None or not nf.filtering:
             page = parse(await session.fetch(url), families)
-            if nf is not None and not page.truncated:
+            if nf is not None and nf.off_reason is None and not page.truncated:  # nothing to learn once off
                 nf.saw_full(frozenset(page.samples), self._clock())
             return page
         try:
