@@ -108,9 +108,12 @@ def rss_kib(pid: int | str = "self") -> int:
     return 0
 
 
-def _messages(i: int, systems: Sequence[str], rng: random.Random, sized: bool = False) -> list[Any]:
+def _messages(
+    i: int, systems: Sequence[str], rng: random.Random, sized: bool = False, event_stream: bool = False
+) -> list[Any]:
     """One request's ext_proc messages. `sized`: the response headers carry a Content-Length, as a non-streamed
-    vLLM answer's do (the EPP then ends the request at those headers)."""
+    vLLM answer's do (the EPP then ends the request at those headers). `event_stream`: the response is
+    `text/event-stream`, as a streamed vLLM answer is."""
     from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
     from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -137,7 +140,7 @@ def _messages(i: int, systems: Sequence[str], rng: random.Random, sized: bool = 
         pb.ProcessingRequest(
             response_headers=pb.HttpHeaders(
                 headers=headers(
-                    ((":status", "200"), ("content-type", "application/json"))
+                    ((":status", "200"), ("content-type", "text/event-stream" if event_stream else "application/json"))
                     + ((("content-length", "120"),) if sized else ())
                 )
             )
@@ -158,6 +161,7 @@ async def _run(requests: int, sample: int, seed: int, freeze: bool) -> None:
     endpoints = ",".join(f"10.0.0.{i}:8000" for i in range(1, ENDPOINTS + 1))
     components = build(Options(endpoints=endpoints, secure_serving=False))
     servicer = components.servicer
+    servicer.close_wait_s = 0.0  # the streams here half-close and are never reset: nothing to wait for
     rng = random.Random(seed)
     systems = [f"You are assistant {j}. {rng.randbytes(90).hex()}." for j in range(PREFIXES)]
     mallinfo = _mallinfo()
@@ -211,7 +215,14 @@ def child_main(argv: Sequence[str]) -> int:
 
 
 async def _grpc_run(
-    requests: int, sample: int, seed: int, capacity: int, streams: int, cancel: bool, sized: bool = False
+    requests: int,
+    sample: int,
+    seed: int,
+    capacity: int,
+    streams: int,
+    cancel: bool,
+    sized: bool = False,
+    event_stream: bool = False,
 ) -> Run:
     """`llm-epp serve` (default options but a small `lruCapacityPerServer`, so the index is full after a few
     thousand requests) fed over loopback gRPC by `streams` concurrent ext_proc streams at a time."""
@@ -227,6 +238,8 @@ async def _grpc_run(
     ending = "each stream cancelled after its answers" if cancel else "each stream half-closed"
     if sized:
         ending += ", responses with a Content-Length"
+    if event_stream:
+        ending += ", event-stream responses"
     run = Run("grpc", f"llm-epp serve, lruCapacityPerServer {capacity}, {streams} streams at a time, {ending}", [])
     epp = EppProcess(
         "--endpoints", endpoints, "--secure-serving=false", "--tracing=true", "--config-text", config,
@@ -241,7 +254,7 @@ async def _grpc_run(
 
             async def one(i: int) -> None:
                 call = stub.Process()
-                for msg in _messages(i, systems, rng, sized):
+                for msg in _messages(i, systems, rng, sized, event_stream):
                     await call.write(msg)
                 if cancel:  # as Envoy ends a stream whose response body is not sent: a cancellation
                     answers = [await call.read() for _ in range(3)]
@@ -421,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the gRPC run's response headers carry a Content-Length, as a non-streamed vLLM answer's do",
     )
+    p.add_argument(
+        "--grpc-event-stream",
+        action="store_true",
+        help="the gRPC run's responses are text/event-stream, as a streamed vLLM answer is",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(args_list)
@@ -448,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.grpc_streams,
                     args.grpc_cancel,
                     args.grpc_content_length,
+                    args.grpc_event_stream,
                 )
             )
         )

@@ -88,8 +88,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def direct_response_backends(n: int) -> dict[str, Any]:
+def direct_response_backends(n: int, content_type: str = "application/json") -> dict[str, Any]:
     """One Envoy worker serving a fixed completion on n listeners: stand-in model servers that cost little.
+    `content_type` labels the completion (``text/event-stream`` makes the EPP treat it as a streamed answer).
 
     Each also answers ``GET /health`` (200), ``GET /metrics`` (idle vLLM gauges) and 404 on the server-info
     paths sglang-router asks for, so the EPP and sglang-router can both use them."""
@@ -118,9 +119,7 @@ def direct_response_backends(n: int) -> dict[str, Any]:
                             {
                                 "match": {"prefix": "/"},
                                 "direct_response": {"status": 200, "body": {"inline_string": REPLY}},
-                                "response_headers_to_add": [
-                                    {"header": {"key": "content-type", "value": "application/json"}}
-                                ],
+                                "response_headers_to_add": [{"header": {"key": "content-type", "value": content_type}}],
                             },
                         ],
                     }
@@ -753,7 +752,7 @@ def part_rss(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
     )
     try:
         with ExitStack() as stack:
-            backends = stack.enter_context(EnvoyProcess(direct_response_backends(3)))
+            backends = stack.enter_context(EnvoyProcess(direct_response_backends(3, args.rss_content_type)))
             addrs = [f"127.0.0.1:{p}" for p in backends.listener_ports.values()]
             epp = stack.enter_context(run_epp(addrs, workdir))
             gw = stack.enter_context(
@@ -782,7 +781,7 @@ def part_rss(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
     finally:
         out.append(
             f"### EPP resident memory over {total} requests (Envoy + llm-epp, closed loop, "
-            f"{args.rss_connections} connections, distinct prompts)\n"
+            f"{args.rss_connections} connections, distinct prompts, responses `{args.rss_content_type}`)\n"
         )
         out.append(
             f"Each request: one of 16 shared 30-word prefixes, then {RSS_WORDS} random words of its own (~0.8 KB "
@@ -1048,6 +1047,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peers", action="store_true", help="leave sglang-router out")
     p.add_argument("--rss-requests", type=int, default=100_000, help="part 4 requests (default 100000)")
     p.add_argument("--rss-connections", type=int, default=16, help="part 4 closed-loop connections (default 16)")
+    p.add_argument(
+        "--rss-content-type",
+        default="application/json",
+        help="part 4: content type of the stand-in answers (text/event-stream: the EPP takes them as streamed)",
+    )
     p.add_argument("--duration", type=int, default=10, help="parts 1-2: seconds per measurement (default 10)")
     p.add_argument("--connections", type=int, default=32, help="part 1: wrk connections (default 32)")
     p.add_argument("--stream-concurrency", type=int, default=8, help="part 2: concurrent 1,000-token streams")

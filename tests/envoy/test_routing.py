@@ -124,6 +124,27 @@ def test_sse_stream_arrives_intact_and_usage_is_recorded(stack: Stack) -> None:
     assert stack.epp.wait_metric("inference_objective_output_tokens_sum", before + 50) == before + 50
 
 
+def test_event_streams_end_on_envoys_reset_once_the_epp_has_seen_it_reset_one(backends: BackendPool) -> None:
+    # Envoy resets an ext_proc stream once a response without processed bodies has passed. After the first such
+    # reset the EPP stops keeping a read in flight for event streams (a read caught by a reset leaks native
+    # memory in grpcio): each stream must still arrive intact and still end its request when Envoy resets it.
+    s = start_stack(backends, epp_args=("-v", "2"))
+    body = {"model": "stub-model", "prompt": "hello", "max_tokens": 20, "stream": True}
+    try:
+        with httpx.Client(timeout=30) as c:
+            for i in range(4):
+                with c.stream("POST", s.url("/v1/completions"), json=body) as r:
+                    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                    raw = b"".join(r.iter_raw())
+                assert raw.rstrip().endswith(b"data: [DONE]")
+                assert s.epp.wait_metric("inference_objective_request_duration_seconds_count", i + 1) == i + 1
+                assert s.epp.wait_metric("inference_objective_running_requests", 0) == 0
+        assert "ext_proc_peer_ends_streams by=reset" in s.epp.log()
+        assert "by=half-close" not in s.epp.log()
+    finally:
+        stop_stack(s)
+
+
 @pytest.mark.parametrize("size", [2_000_000, 5_000_000], ids=["2MB", "5MB"])
 def test_large_bodies_arrive_byte_exact(stack: Stack, size: int) -> None:
     payload = json.dumps({"model": "stub-model", "prompt": "y" * size, "max_tokens": 1}).encode()

@@ -57,6 +57,13 @@ RETRY_AFTER_S = "1"
 # sent just after it) leaks a small native array in grpcio's asyncio server (grpc/grpc issue 43360), so the
 # handler waits on a timer instead, which the reset cancels without touching a gRPC batch.
 CLOSE_WAIT_S = 10.0
+# An event stream (response bodies NONE) ends only when Envoy closes the stream after its last chunk (a
+# half-close at once followed by a reset): the same leak if a read is in flight when the reset lands. Once the
+# servicer has seen its peer reset streams at the end of a response, the handler waits for that reset on a
+# timer instead of a read; after this long it reads again, so a very long stream still sees whatever comes. A
+# peer that only half-closes is noticed when a wait for its reset runs out (`CLOSE_WAIT_S`), and its streams keep
+# the read.
+STREAM_WAIT_S = 60.0
 _RESPONSE_HEADERS = frozenset((":status", h.CONTENT_TYPE, h.CONTENT_LENGTH, h.DESTINATION_SERVED))
 _YES = frozenset(("1", "true", "yes"))
 
@@ -68,6 +75,7 @@ class _Stream:
         "body",
         "body_len",
         "closed_by_envoy",
+        "event_stream",
         "explain",
         "handle",
         "headers",
@@ -103,6 +111,7 @@ class _Stream:
         self.explain = ""
         self.saw_response_headers = False
         self.response_done = False
+        self.event_stream = False  # the response is text/event-stream
         self.closed_by_envoy = False  # the response ended at its headers: wait for Envoy to close the stream
         self.response_bytes = 0
         self.reader: ResponseReader | None = None
@@ -127,6 +136,7 @@ class ExtProcServicer:
         emit_endpoint_scores: bool = False,
         tracer: Tracer | None = None,
         close_wait_s: float = CLOSE_WAIT_S,
+        stream_wait_s: float = STREAM_WAIT_S,
     ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
@@ -136,6 +146,10 @@ class ExtProcServicer:
         self.tracer = tracer if tracer is not None else director.tracer  # one tracer for both halves
         self.held_bytes = 0  # request body bytes held by all streams now
         self.close_wait_s = close_wait_s
+        self.stream_wait_s = stream_wait_s
+        # How the peer ends a stream once a response without bodies is over: True = it resets the stream (Envoy,
+        # after a half-close), False = a wait for the reset ran out, None = not seen yet.
+        self.peer_resets: bool | None = None
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -153,6 +167,10 @@ class ExtProcServicer:
         st = _Stream()
         try:
             await self._loop(st, ctx)
+        except asyncio.CancelledError:
+            if st.saw_response_headers and st.resp_mode == ProcessingMode.NONE:
+                self._learn_peer(resets=True)  # the peer reset the stream once the response had passed
+            raise
         finally:
             self._release(st)
             handle = st.handle
@@ -185,6 +203,15 @@ class ExtProcServicer:
             else:
                 req = await ctx.read()
             if req is eof:
+                if st.saw_response_headers and st.resp_mode == ProcessingMode.NONE and not st.response_done:
+                    # The response is over. Envoy half-closes and then resets: end the request now, then wait
+                    # for the reset on a timer (a status sent into the reset would leak like a read).
+                    st.response_done = True
+                    handle = st.handle
+                    if handle is not None and not handle.finished:
+                        await self._end(handle, self._outcome(st, True))
+                    if self.peer_resets is not False:
+                        await self._wait_for_close()
                 return
             kind = req.WhichOneof("request")
             if kind == "request_body":
@@ -233,8 +260,10 @@ class ExtProcServicer:
                 await write(await self._on_response_headers(st, req))
                 if st.response_done:
                     if st.closed_by_envoy:
-                        await asyncio.sleep(self.close_wait_s)  # cancelled when Envoy closes the stream
+                        await self._wait_for_close()
                     return
+                if st.event_stream and st.resp_mode == ProcessingMode.NONE and self.peer_resets:
+                    await self._wait_for_reset(st)  # then read on (an eviction is seen at the loop's top)
             elif kind == "request_trailers":
                 if not st.routed:
                     if not await self._route(st, write, trailers=True):
@@ -244,6 +273,31 @@ class ExtProcServicer:
                 st.response_done = True
                 await write(codec.RESPONSE_TRAILERS + await self._finish(st))
                 return
+
+    def _learn_peer(self, resets: bool) -> None:
+        if self.peer_resets is not resets:
+            self.peer_resets = resets
+            log.info(
+                "ext_proc_peer_ends_streams by=%s: event streams %s",
+                "reset" if resets else "half-close",
+                "wait for the reset without a read" if resets else "keep a read in flight",
+            )
+
+    async def _wait_for_close(self) -> None:
+        """Waits (no read in flight) for the peer to reset a stream whose response is over; the reset cancels
+        the wait. A peer that has not reset it within `close_wait_s` is taken not to reset streams."""
+        await asyncio.sleep(self.close_wait_s)
+        self._learn_peer(resets=False)
+
+    async def _wait_for_reset(self, st: _Stream) -> None:
+        """Waits, with no read in flight, for the peer to reset the stream at the end of an event stream (the
+        reset cancels this wait), for flow control to evict the request, or for `stream_wait_s`."""
+        handle = st.handle
+        eviction = handle.eviction if handle is not None else None
+        if eviction is None:
+            await asyncio.sleep(self.stream_wait_s)
+        elif not eviction.done():
+            await asyncio.wait((eviction,), timeout=self.stream_wait_s)
 
     # --- request side ---------------------------------------------------------------------------------
     def _on_request_headers(self, st: _Stream, req: Any) -> None:
@@ -356,6 +410,7 @@ class ExtProcServicer:
             served = headers.get(h.DESTINATION_SERVED, "")
         content_type = headers.get(h.CONTENT_TYPE, "")
         streaming = "text/event-stream" in content_type
+        st.event_stream = streaming
         if (
             st.resp_mode == ProcessingMode.NONE
             and not st.response_done

@@ -12,6 +12,7 @@ from llm_epp.framework import Metrics
 from tests.unit.extproc.fake_envoy import (
     BUFFERED,
     FDS,
+    FakeContext,
     Harness,
     body_msg,
     headers_msg,
@@ -318,10 +319,30 @@ async def test_response_trailers_are_answered(harness: Harness) -> None:
 
 
 async def test_body_mode_none_completes_when_envoy_closes_the_stream(harness: Harness) -> None:
-    ctx = await harness.run([headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})])
+    # Envoy half-closes the stream once the response has passed, then resets it: the request ends at the
+    # half-close, and the stream waits for the reset on a timer rather than send a status the reset would catch.
+    ctx = FakeContext([headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})])
+    task = asyncio.create_task(harness.servicer.process(None, ctx))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
     assert ctx.kinds() == ["request_headers", "request_body", "response_headers"]
     assert len(harness.recorder.completed) == 1
     assert harness.recorder.running == 0
+    assert not task.done()
+    task.cancel()  # the reset
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(harness.recorder.completed) == 1  # counted once
+    assert harness.servicer.peer_resets is True
+
+
+async def test_body_mode_none_half_close_only_peer_is_learnt_and_not_waited_for_again(harness: Harness) -> None:
+    harness.servicer.close_wait_s = 0.01
+    msgs = [headers_msg(POST), body_msg(body(), True), response_headers_msg({":status": "200"})]
+    await asyncio.wait_for(harness.run(msgs), 1.0)  # waits for a reset that does not come
+    assert harness.servicer.peer_resets is False
+    harness.servicer.close_wait_s = 60.0
+    await asyncio.wait_for(harness.run(msgs), 1.0)  # ends at the half-close: this peer is known not to reset
+    assert len(harness.recorder.completed) == 2 and harness.recorder.running == 0
 
 
 async def test_client_cancel_releases_without_completion(harness: Harness) -> None:

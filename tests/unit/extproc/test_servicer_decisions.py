@@ -158,6 +158,107 @@ async def test_a_response_that_may_still_be_running_keeps_the_stream_open(
     assert h.recorder.running == 0 and len(h.recorder.completed) == 1
 
 
+SSE = {":status": "200", "content-type": "text/event-stream"}
+
+
+class CountingContext(FakeContext):
+    """Counts reads; after its script it blocks like a live stream (no EOF) until the test resets it."""
+
+    def __init__(self, messages: Any, then_eof: bool = False) -> None:
+        super().__init__(messages)
+        self.reads = 0
+        self.then_eof = then_eof
+
+    async def read(self) -> Any:
+        self.reads += 1
+        if self._messages or self.then_eof:
+            return await super().read()
+        await asyncio.Event().wait()  # nothing more until Envoy resets the stream
+        raise AssertionError("unreachable")
+
+
+def sse_stream(then_eof: bool = False) -> CountingContext:
+    return CountingContext([headers_msg(POST), body_msg(body(), True), response_headers_msg(SSE)], then_eof)
+
+
+async def reset_after_headers(h: Harness, ctx: FakeContext) -> asyncio.Task[None]:
+    """Runs the stream until it has answered the response headers, then resets it as Envoy does at the end."""
+    task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
+    for _ in range(100):
+        await asyncio.sleep(0.005)
+        if "response_headers" in ctx.kinds():
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return task
+
+
+async def test_once_the_peer_resets_streams_an_event_stream_waits_for_the_reset_without_a_read() -> None:
+    h = with_plugin()
+    first = sse_stream()
+    await reset_after_headers(h, first)
+    assert first.reads == 4  # unknown peer: a read stays in flight after the response headers
+    assert h.servicer.peer_resets is True
+    second = sse_stream()
+    await reset_after_headers(h, second)
+    assert second.reads == 3  # the reset ended a wait on a timer, not a read
+    assert len(h.recorder.completed) == 2 and h.recorder.running == 0  # each ended once, as a completion
+
+
+async def test_a_peer_that_half_closes_keeps_the_reads() -> None:
+    h = with_plugin(stream_wait_s=0.01, close_wait_s=0.01)
+    h.servicer.peer_resets = True  # learnt from another gateway, say
+    first = sse_stream(then_eof=True)
+    await asyncio.wait_for(h.servicer.process(None, first), 1.0)  # type: ignore[arg-type]
+    assert first.reads == 4  # the wait for a reset ran out, the read found the EOF, then no reset came ...
+    assert h.servicer.peer_resets is False  # ... so this peer is taken not to reset streams
+    h.servicer.stream_wait_s = h.servicer.close_wait_s = 60.0
+    second = sse_stream(then_eof=True)
+    await asyncio.wait_for(h.servicer.process(None, second), 1.0)  # type: ignore[arg-type]
+    assert second.reads == 4  # read at once, and the stream ended at the EOF
+    assert len(h.recorder.completed) == 2 and h.recorder.running == 0
+
+
+async def test_the_wait_for_the_reset_is_bounded_then_the_stream_reads_on() -> None:
+    h = with_plugin(stream_wait_s=0.01)
+    h.servicer.peer_resets = True
+    ctx = FakeContext([headers_msg(POST), body_msg(body(), True), response_headers_msg(SSE), response_trailers_msg()])
+    await h.servicer.process(None, ctx)  # type: ignore[arg-type]
+    assert ctx.kinds()[-1] == "response_trailers"  # read after the bound: the trailers are answered
+    assert cost(ctx.sent[-1]) == 200 and len(h.recorder.completed) == 1
+
+
+async def test_a_wait_for_the_reset_that_runs_out_on_a_length_response_unlearns_the_resets() -> None:
+    h = with_plugin(close_wait_s=0.0)
+    h.servicer.peer_resets = True
+    sized = {":status": "200", "content-type": "application/json", "content-length": "42"}
+    await h.run([headers_msg(POST), body_msg(body(), True), response_headers_msg(sized)])
+    assert h.servicer.peer_resets is False
+
+
+async def test_an_eviction_ends_the_wait_for_the_reset() -> None:
+    h = with_plugin()
+    h.servicer.peer_resets = True
+    evict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    route = h.director.route
+
+    async def route_with_eviction(inp: Any) -> Any:
+        decision = await route(inp)
+        decision.handle.eviction = evict
+        return decision
+
+    h.director.route = route_with_eviction  # type: ignore[method-assign]
+    ctx = sse_stream()
+    task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert ctx.reads == 3 and not task.done()
+    evict.set_result(None)  # flow control takes the request back mid-response
+    await asyncio.wait_for(task, 1.0)
+    assert ctx.sent[-1].WhichOneof("response") == "immediate_response"
+    assert ctx.sent[-1].immediate_response.status.code == 429
+
+
 async def test_rejections_carry_the_drop_reason() -> None:
     h = Harness(PODS)
     ctx = await h.run([headers_msg(POST, subset=["9.9.9.9:1"]), body_msg(body(), True)])

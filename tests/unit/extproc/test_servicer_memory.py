@@ -52,6 +52,7 @@ def _stream(i: int) -> FakeContext:
 async def test_requests_with_distinct_ids_leave_no_object_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")  # tracing on as serve's default, spans not printed
     c = build(Options(endpoints="10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000", secure_serving=False))
+    c.servicer.close_wait_s = 0.0  # these streams half-close and are never reset: no wait for a reset
 
     async def batch(start: int) -> None:
         for i in range(start, start + BATCH):
