@@ -117,6 +117,9 @@ class Setup:
     request_timeout: float = 300.0
     smoke: bool = False
     generator: str = "own"
+    epp_response_bodies: str = "NONE"
+    """Envoy's response body mode in front of llm-epp: NONE (`llm-epp envoy-config`'s default) or
+    FULL_DUPLEX_STREAMED (every chunk passes through the EPP, which then sees the usage and the first token)."""
 
     @property
     def slo_ttft(self) -> float:
@@ -264,7 +267,9 @@ class RouterUnavailableError(RuntimeError):
 
 
 @contextlib.contextmanager
-def start_router(name: str, pods: Pods, workdir: Path, best_config: str) -> Iterator[str]:
+def start_router(
+    name: str, pods: Pods, workdir: Path, best_config: str, response_body_mode: str = "NONE"
+) -> Iterator[str]:
     """Starts ``name`` in front of ``pods``; yields the base URL the load generator sends to."""
     log = workdir / f"{name}.log"
     if name == "round-robin":
@@ -278,7 +283,13 @@ def start_router(name: str, pods: Pods, workdir: Path, best_config: str) -> Iter
         if name == "llm-epp-best":
             args += ["--config-text", best_config]
         with EppProcess(*args, log_path=log) as epp:
-            opts = EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=True)
+            opts = EnvoyConfigOptions(
+                listen_port=0,
+                admin_port=0,
+                epp_port=epp.grpc_port,
+                epp_tls=True,
+                response_body_mode=response_body_mode,
+            )
             with EnvoyProcess(build_bootstrap(opts), workdir=workdir / f"envoy-{name}") as envoy:
                 envoy.wait_cluster_healthy("epp", timeout=30)
                 _wait_forwards(envoy.url(), timeout=30)
@@ -537,7 +548,7 @@ def run_all(setup: Setup, best_config: str, workdir: Path, runs: list[RouterRun]
         print(f"{name}: fresh pods, starting the router", flush=True)
         with fresh_pods(setup, workdir, workdir / f"pods-{name}.log") as pods:
             try:
-                with start_router(name, pods, workdir, best_config) as url:
+                with start_router(name, pods, workdir, best_config, setup.epp_response_bodies) as url:
                     if setup.generator == "inference-perf":
                         run_router_inference_perf(setup, name, pods, url, run, workdir)
                     else:
@@ -555,6 +566,13 @@ VIRTUAL_ROUTERS = {"round-robin": ("round-robin", False), "llm-epp-default": ("l
                    "llm-epp-best": ("llm-epp", True)}  # fmt: skip
 
 
+LIVE_SCRAPE_INTERVAL = 0.05
+"""`llm-epp serve`'s default `--refresh-metrics-interval` (wall seconds): the twin scrapes as often in
+modelled time."""
+DEPLOYED = " (as deployed)"
+"""Suffix of the virtual runs that give the EPP only what the live one learns of each response."""
+
+
 def virtual_runs(setup: Setup, best_config: str) -> list[RouterRun]:
     """The same pods, workload and arrival trace in virtual time (:mod:`llm_epp.sim.cluster`, the scheduler
     in-process), converted to wall-clock: what the engine model predicts for the live run."""
@@ -562,14 +580,25 @@ def virtual_runs(setup: Setup, best_config: str) -> list[RouterRun]:
     profile = live_profile(setup.kv_tokens, setup.max_num_seqs)
     modelled = [Stage(s.rate * ts, s.duration / ts) for s in setup.stages]
     out: list[RouterRun] = []
-    for name in setup.routers:
-        if name not in VIRTUAL_ROUTERS:
-            continue
+    variants = [(name, "", "first-token", True) for name in setup.routers if name in VIRTUAL_ROUTERS]
+    # The twin as the live EPP is deployed: the pods send a streamed response's headers when they take the
+    # request, and with response bodies NONE the EPP never reads the token usage.
+    usage = setup.epp_response_bodies != "NONE"
+    variants += [(name, DEPLOYED, "arrival", usage) for name in setup.routers if name in VIRTUAL_ROUTERS]
+    for name, suffix, headers_at, with_usage in variants:
         kind, best = VIRTUAL_ROUTERS[name]
         workload = setup.workload()
-        router = make_router(kind, setup.pods, seed=setup.seed, config_text=best_config if best else None)
+        router = make_router(
+            kind,
+            setup.pods,
+            seed=setup.seed,
+            config_text=best_config if best else None,
+            scrape_interval=LIVE_SCRAPE_INTERVAL / ts,  # the live EPP scrapes every 50 ms of wall time
+            response_headers_at=headers_at,
+            response_usage=with_usage,
+        )
         result = Cluster(profile, num_pods=setup.pods).run(workload, modelled, router, seed=setup.seed)
-        run = RouterRun(name)
+        run = RouterRun(name + suffix)
         for st in result.stages:
             run.stages.append(
                 dataclasses.replace(
@@ -601,7 +630,10 @@ def virtual_section(runs: Sequence[RouterRun], virtual: Sequence[RouterRun]) -> 
         "## Live vs virtual time (same pods, workload and trace; the virtual figures converted to wall-clock)",
         "",
         "The virtual-time cluster runs the same engine model and scheduler in-process on one clock. Where a live row "
-        "matches its virtual row, the live figures are set by the modelled engine, not by the processes around it.",
+        "matches its virtual row, the live figures are set by the modelled engine, not by the processes around it. "
+        "Rows marked *(as deployed)* give the EPP only what the live one learns of each response (headers when the "
+        "pod takes the request, as vLLM sends a streamed response's; no token usage unless response bodies pass "
+        "through it); the others hand it the first-token time and the usage.",
         "",
         "| router | stage | rate | req/s live | req/s virtual | TTFT p90 live | TTFT p90 virtual | ITL p50 ms live "
         "| ITL p50 ms virtual | hit live | hit virtual | per pod live | per pod virtual |",
@@ -609,7 +641,7 @@ def virtual_section(runs: Sequence[RouterRun], virtual: Sequence[RouterRun]) -> 
     ]
     live = {r.router: r for r in runs}
     for v in virtual:
-        mine = live.get(v.router)
+        mine = live.get(v.router.removesuffix(DEPLOYED))
         if mine is None:
             continue
         for i, (a, b) in enumerate(zip(mine.stages, v.stages, strict=False)):
@@ -654,7 +686,8 @@ def report(
         *[f"* {line}" for line in setup.describe()],
         "* sglang-router: `smg launch " + " ".join(SGLANG_FLAGS) + "`",
         "* vllm-router: `vllm-router " + " ".join(VLLM_ROUTER_FLAGS) + "`",
-        "* llm-epp: Envoy (1 worker thread) + `llm-epp serve` over ext_proc (TLS, response bodies NONE); "
+        f"* llm-epp: Envoy (1 worker thread) + `llm-epp serve` over ext_proc (TLS, response bodies "
+        f"{setup.epp_response_bodies}); "
         "llm-epp-default: the default configuration (queue 2 / kv-cache 2 / prefix 3); llm-epp-best: the default "
         "plus no-hit-lru-scorer 2 (unless `--best-config` says otherwise)",
         "",
@@ -813,6 +846,11 @@ def main(argv: list[str] | None = None) -> int:
         default="own",
         help="load generator: the project's own (default) or inference-perf 0.7.0 (its own venv)",
     )
+    p.add_argument(
+        "--epp-response-bodies",
+        choices=("NONE", "FULL_DUPLEX_STREAMED"),
+        help="Envoy's response body mode in front of llm-epp (default NONE, as `llm-epp envoy-config`)",
+    )
     p.add_argument("--best-config", help="EndpointPickerConfig YAML file for llm-epp-best (default: BEST_CONFIG)")
     args = p.parse_args(argv)
 
@@ -841,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["routers"] = routers
     if args.stages:
         overrides["stages"] = args.stages
+    if args.epp_response_bodies:
+        overrides["epp_response_bodies"] = args.epp_response_bodies
     if args.time_scale is not None:
         if args.time_scale <= 0:
             p.error("--time-scale must be > 0")

@@ -205,7 +205,13 @@ class EppRouter(Router):
     endpoints' labels (a prefill/decode pool's role labels); ``flow_observer`` sees what flow control does (the
     metrics' view: queue times and outcomes). ``token_prompts`` sends each prompt as its token ids (what a
     render endpoint would answer for its text), for plugins that need the engine's tokens
-    (``precise-prefix-cache-producer``)."""
+    (``precise-prefix-cache-producer``).
+
+    What the EPP learns of each response, as a deployment decides it: ``response_headers_at`` is when the
+    ResponseReceived hooks run: ``"first-token"`` (default) or ``"arrival"`` (when the pod takes the request:
+    vLLM sends a streamed response's headers at once, before its first token, and that is all an EPP behind
+    response body mode NONE sees); ``response_usage`` False withholds the token usage from the completion (with
+    response bodies NONE, the default of ``llm-epp envoy-config``, the EPP never reads it)."""
 
     name = "llm-epp"
 
@@ -224,9 +230,17 @@ class EppRouter(Router):
         pod_labels: Sequence[Mapping[str, str]] | None = None,
         flow_observer: FlowControlObserver | None = None,
         token_prompts: bool = False,
+        response_headers_at: str = "first-token",
+        response_usage: bool = True,
     ) -> None:
         if pod_labels is not None and len(pod_labels) != num_pods:
             raise ValueError(f"pod_labels names {len(pod_labels)} pods, the router has {num_pods}")
+        if response_headers_at not in RESPONSE_HEADERS_AT:
+            raise ValueError(
+                f"response_headers_at {response_headers_at!r}: choose one of {', '.join(RESPONSE_HEADERS_AT)}"
+            )
+        self._headers_at_arrival = response_headers_at == "arrival"
+        self._response_usage = response_usage
         self.scrape_interval = scrape_interval
         self._model = model
         self._token_prompts = token_prompts
@@ -277,6 +291,8 @@ class EppRouter(Router):
         except Refused as e:
             raise RoutingError(str(e), e.status) from None
         self._routed[request.id] = routed
+        if self._headers_at_arrival:
+            self._client.response_started(routed)
         return self._pod_of[routed.endpoint.key]
 
     def upstream_headers(self, request: RoutedRequest) -> Mapping[str, str]:
@@ -284,15 +300,18 @@ class EppRouter(Router):
         return routed.upstream_headers if routed is not None else {}
 
     def on_first_token(self, request: RoutedRequest, pod: int, now: float) -> None:
-        self._client.response_started(self._routed[request.id])
+        if not self._headers_at_arrival:
+            self._client.response_started(self._routed[request.id])
 
     def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
-        usage = Usage(
-            prompt_tokens=event.prompt_tokens,
-            completion_tokens=event.completion_tokens,
-            total_tokens=event.prompt_tokens + event.completion_tokens,
-            cached_tokens=event.cached_tokens,
-        )
+        usage = None
+        if self._response_usage:
+            usage = Usage(
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+                total_tokens=event.prompt_tokens + event.completion_tokens,
+                cached_tokens=event.cached_tokens,
+            )
         self._client.finish(self._routed.pop(request.id), 200, usage)
 
     def on_rejected(self, request: RoutedRequest, pod: int, now: float) -> None:
@@ -307,6 +326,7 @@ class EppRouter(Router):
 
 
 ROUTERS = ("round-robin", "random", "least-queue", "locality-bound", "llm-epp")
+RESPONSE_HEADERS_AT = ("first-token", "arrival")
 
 
 def make_router(
@@ -317,9 +337,12 @@ def make_router(
     config_text: str | None = None,
     scrape_interval: float = DEFAULT_SCRAPE_INTERVAL,
     pod_labels: Sequence[Mapping[str, str]] | None = None,
+    response_headers_at: str = "first-token",
+    response_usage: bool = True,
 ) -> Router:
     """A fresh router called ``name`` (one of :data:`ROUTERS`) for ``num_pods`` pods (``pod_labels``: the
-    endpoints' labels, for ``llm-epp``)."""
+    endpoints' labels, for ``llm-epp``; ``response_headers_at`` and ``response_usage``: what ``llm-epp``
+    learns of each response, see :class:`EppRouter`)."""
     if name == "round-robin":
         return RoundRobinRouter(num_pods)
     if name == "random":
@@ -329,5 +352,13 @@ def make_router(
     if name == "locality-bound":
         return LocalityBoundRouter(num_pods)
     if name == "llm-epp":
-        return EppRouter(num_pods, config_text, scrape_interval, seed=seed, pod_labels=pod_labels)
+        return EppRouter(
+            num_pods,
+            config_text,
+            scrape_interval,
+            seed=seed,
+            pod_labels=pod_labels,
+            response_headers_at=response_headers_at,
+            response_usage=response_usage,
+        )
     raise KeyError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")

@@ -79,6 +79,31 @@ def test_promised_prompts_and_growth_count_until_the_scrape_shows_them() -> None
     assert det.peak(later, 0, 0) == pytest.approx(4101 + 1899)
 
 
+def test_requests_the_pod_still_queued_at_the_scrape_count_as_unallocated_whatever_their_headers_said() -> None:
+    # vLLM sends a streamed response's headers before it admits the request: behind response bodies NONE they
+    # are the only response signal, and they say nothing about the KV cache. The pod's waiting queue does: it
+    # admits in arrival order, so of the requests sent before the scrape the last `waiting` had no blocks.
+    handle = FakeHandle(clock=1.0)
+    det = _detector(handle)
+    ep = _ep("a")
+    cycles = [_send(det, ep, prompt_bytes=4 * 1000, max_tokens=100) for _ in range(3)]  # 1,000 + 100 each
+    for cycle in cycles:
+        det.response_received(cycle, request(), ResponseInfo(status=200, streaming=True), ep)
+    handle.clock = 3.0
+    later = _send(det, ep, prompt_bytes=4 * 1000, max_tokens=100)  # sent after the scrape below
+    det.response_received(later, request(), ResponseInfo(status=200, streaming=True), ep)
+    # scraped at t=2 (before the fourth was sent): one request running (1,000 prompt tokens in use), two waiting
+    scrape = dataclasses.replace(
+        ep, metrics=dataclasses.replace(ep.metrics, kv_cache_usage=1000 / 16_000, update_time=2.0, waiting_queue_size=2)
+    )
+    # in use 1,000; unallocated prompts: the two waiting and the one sent after, 3,000; the peak comes when the
+    # first three end (their headers came at t=1: 1 s / 0.1 s + 1 = 11 tokens decoded, 89 to go), all four 89
+    # tokens longer
+    assert det.peak(scrape, 0, 0) == pytest.approx(1000 + 3000 + 4 * 89)
+    nobody_waits = dataclasses.replace(scrape, metrics=dataclasses.replace(scrape.metrics, waiting_queue_size=0))
+    assert det.peak(nobody_waits, 0, 0) == pytest.approx(1000 + 1000 + 4 * 89)  # only the fourth unallocated
+
+
 def test_the_peak_accounts_for_requests_that_end_and_free_their_blocks() -> None:
     handle = FakeHandle(clock=1.0)
     det = _detector(handle)
@@ -144,7 +169,7 @@ def _with_prefix(hashes: tuple[int, ...]) -> CycleState:
 
 @pytest.mark.parametrize(("keep_home", "expected"), [(False, ["b"]), (True, ["a"])])
 def test_a_request_whose_prefix_pod_is_full_moves_or_waits_there(keep_home: bool, expected: list[str]) -> None:
-    det = factory("kv", Params(keepPrefixHome=keep_home), FakeHandle())
+    det = factory("kv", Params(keepPrefixHome=keep_home), FakeHandle(clock=2.0))  # sent after the scrape
     home, other = _ep("a", kv=0.9), _ep("b", kv=0.1, address="10.0.0.2")
     prefix = tuple(range(100))  # 1,600 tokens held by a request in flight on `a`
     first = dataclasses.replace(request(payload={"model": "m", "max_tokens": 500}), size_bytes=4 * 2000)

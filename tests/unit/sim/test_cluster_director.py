@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.framework import (
     CycleState,
@@ -235,6 +237,35 @@ schedulingProfiles:
         at, status, served = witness.received[rid]
         assert (at, status, served) == (r.first_token, 200, f"{pod_address(r.pod)}:8000")
         assert witness.completed[rid] == (r.finish, 200, r.completion_tokens, True)
+
+
+def test_as_deployed_the_response_headers_come_when_the_pod_takes_the_request_and_no_usage_is_read() -> None:
+    # What an EPP behind response body mode NONE learns: vLLM sends a streamed response's headers at once, and
+    # the body (with its usage) never passes through the EPP.
+    config = """
+plugins:
+- type: queue-scorer
+- type: witness
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}]
+"""
+    router = EppRouter(PODS, config, registry=_registry(), response_headers_at="arrival", response_usage=False)
+    witness = router.config.plugins["witness"]
+    assert isinstance(witness, _Witness)
+    trace = [TraceRequest(0.01 * k, p) for k, p in enumerate(_prompts(6))]
+    results = _run(router, trace)
+    assert set(witness.received) == set(witness.completed) == set(results)
+    for rid, r in results.items():
+        at, status, served = witness.received[rid]
+        assert at == r.arrival < r.first_token  # routed at once: the pod took it when it arrived
+        assert (status, served) == (200, f"{pod_address(r.pod)}:8000")
+        assert witness.completed[rid] == (r.finish, 200, None, True)
+
+
+def test_the_response_signals_are_checked() -> None:
+    with pytest.raises(ValueError, match="response_headers_at 'body'"):
+        EppRouter(PODS, response_headers_at="body")
 
 
 def test_metrics_reach_the_endpoints_through_the_datastore_on_the_scrape_interval() -> None:
