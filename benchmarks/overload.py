@@ -197,12 +197,28 @@ class RunResult:
     wall_seconds: float = 0.0
 
 
-def _router(label: str, pods: int, seed: int, queue: QueueTimes) -> Router:
+TWINS = {"deployed": ("arrival", False), "ideal": ("first-token", True)}
+"""What the EPP learns of each response (EppRouter's response_headers_at, response_usage): `deployed` is what
+it learns behind `llm-epp envoy-config`'s defaults (a streamed response's headers when the pod takes the
+request, no usage with response bodies NONE); `ideal` adds the first-token time and the usage, which no
+deployment gives it (the reports before this option)."""
+
+
+def _router(label: str, pods: int, seed: int, queue: QueueTimes, twin: str = "deployed") -> Router:
     config = ROUTERS[label]
     if config == "":
         return RoundRobinRouter(pods)
     objectives = parse_objectives_file(OBJECTIVES, "objectives.yaml")
-    return EppRouter(pods, config, seed=seed, objectives=objectives, flow_observer=queue)
+    headers_at, usage = TWINS[twin]
+    return EppRouter(
+        pods,
+        config,
+        seed=seed,
+        objectives=objectives,
+        flow_observer=queue,
+        response_headers_at=headers_at,
+        response_usage=usage,
+    )
 
 
 def trace(sc: Scenario, factor: float, seconds: float, seed: int) -> tuple[list[TraceRequest], list[str]]:
@@ -232,12 +248,14 @@ def _p(values: Sequence[float], q: float) -> float:
     return percentile(values, q) if values else math.nan
 
 
-def run(label: str, sc: Scenario, factor: float, seconds: float, skip: float, seed: int) -> RunResult:
+def run(
+    label: str, sc: Scenario, factor: float, seconds: float, skip: float, seed: int, twin: str = "deployed"
+) -> RunResult:
     started = time.perf_counter()
     requests, tenants = trace(sc, factor, seconds, seed)
     queue = QueueTimes()
     cluster = Cluster(get_profile(sc.profile), sc.pods)
-    results = cluster.run_trace(requests, _router(label, sc.pods, seed, queue))
+    results = cluster.run_trace(requests, _router(label, sc.pods, seed, queue, twin))
     by_id: dict[str, RequestResult] = {r.id: r for r in results}
     out = RunResult(label, factor)
     t0 = min(r.arrival for r in results)
@@ -333,7 +351,13 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
         f"{args.seconds:g} s of virtual time ({FLOOD_SHARE:.0%} `flood` at priority 0, the rest `interactive` at "
         f"priority 10), Poisson, then drained. Measured: requests arriving after {args.skip:g} s; `done/s` = "
         "completions inside the measured window. ITL is each request's mean inter-token latency. `queued at EPP` "
-        "is flow control's queue time of dispatched requests (0 without flow control).",
+        "is flow control's queue time of dispatched requests (0 without flow control). The EPP learns of each "
+        + (
+            "response what it learns behind `llm-epp envoy-config`'s defaults: a streamed response's headers when "
+            "the pod takes the request, no token usage (response bodies NONE)."
+            if args.twin == "deployed"
+            else "response its first-token time and its usage (`--twin ideal`: no deployment gives it both)."
+        ),
         "",
         *totals(runs),
         "",
@@ -401,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--smoke", action="store_true", help="tiny profile and workload, seconds of wall time")
+    ap.add_argument(
+        "--twin",
+        choices=sorted(TWINS),
+        default="deployed",
+        help="what llm-epp learns of each response: as deployed behind response bodies NONE (default), or "
+        "ideal (first-token times and usage, as reports before this option assumed)",
+    )
     ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
     ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
     ap.add_argument("--json", type=Path, help="also add each run's figures (with its seed) to this JSON list")
@@ -426,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for factor in args.factors:
             for label in labels:
-                runs.append(run(label, sc, factor, args.seconds, args.skip, args.seed))
+                runs.append(run(label, sc, factor, args.seconds, args.skip, args.seed, args.twin))
     except KeyboardInterrupt:
         print("interrupted: writing what has finished", file=sys.stderr)
     text = report(runs, sc, args)

@@ -56,3 +56,14 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         (load, router, "3") for load in ("1.5x", "3x") for router in ROUTERS
     ]
     assert "| 1.5x | reference default | 3 |" in out.stdout and "+0.0%" in out.stdout
+
+
+def test_the_twin_gives_the_epp_what_the_deployment_gives_it() -> None:
+    from benchmarks.overload import QueueTimes, _router
+    from llm_epp.sim.routers import EppRouter
+
+    deployed = _router("llm-epp kv-headroom", 2, 1, QueueTimes())
+    ideal = _router("llm-epp kv-headroom", 2, 1, QueueTimes(), twin="ideal")
+    assert isinstance(deployed, EppRouter) and isinstance(ideal, EppRouter)
+    assert (deployed._headers_at_arrival, deployed._response_usage) == (True, False)  # response bodies NONE
+    assert (ideal._headers_at_arrival, ideal._response_usage) == (False, True)

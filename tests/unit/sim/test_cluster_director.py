@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -219,8 +220,7 @@ schedulingProfiles:
         assert abs((t - b) - 0.4) < 1e-6  # the 400 ms PrepareData deadline, in virtual seconds
 
 
-def test_response_hooks_run_at_the_first_token_and_at_the_end_with_the_usage() -> None:
-    config = """
+WITNESSED = """
 plugins:
 - type: queue-scorer
 - type: witness
@@ -228,9 +228,17 @@ schedulingProfiles:
 - name: default
   plugins: [{pluginRef: queue-scorer}]
 """
-    router = EppRouter(PODS, config, registry=_registry())
+
+
+def _witnessed(**signals: Any) -> tuple[EppRouter, _Witness]:
+    router = EppRouter(PODS, WITNESSED, registry=_registry(), **signals)
     witness = router.config.plugins["witness"]
     assert isinstance(witness, _Witness)
+    return router, witness
+
+
+def test_response_hooks_run_at_the_first_token_and_at_the_end_with_the_usage() -> None:
+    router, witness = _witnessed()
     results = _run(router, [TraceRequest(0.01 * k, p) for k, p in enumerate(_prompts(6))])
     assert set(witness.received) == set(witness.completed) == set(results)
     for rid, r in results.items():
@@ -242,17 +250,7 @@ schedulingProfiles:
 def test_as_deployed_the_response_headers_come_when_the_pod_takes_the_request_and_no_usage_is_read() -> None:
     # What an EPP behind response body mode NONE learns: vLLM sends a streamed response's headers at once, and
     # the body (with its usage) never passes through the EPP.
-    config = """
-plugins:
-- type: queue-scorer
-- type: witness
-schedulingProfiles:
-- name: default
-  plugins: [{pluginRef: queue-scorer}]
-"""
-    router = EppRouter(PODS, config, registry=_registry(), response_headers_at="arrival", response_usage=False)
-    witness = router.config.plugins["witness"]
-    assert isinstance(witness, _Witness)
+    router, witness = _witnessed(response_headers_at="arrival", response_usage=False)
     trace = [TraceRequest(0.01 * k, p) for k, p in enumerate(_prompts(6))]
     results = _run(router, trace)
     assert set(witness.received) == set(witness.completed) == set(results)
