@@ -28,3 +28,18 @@ def test_memory_smoke_reports_every_run_and_its_samples(tmp_path: Path) -> None:
     assert len(samples) == 4  # 100, 200, 300 of the main run; the variant's last (tables list every fifth sample)
     index = [int(line.split("|")[7].replace(",", "")) for line in samples]
     assert all(n > 0 for n in index)  # the prefix index saw the requests
+
+
+def test_the_grpc_run_can_answer_with_event_streams_or_lengths() -> None:
+    import random
+
+    from benchmarks.memory import _messages
+
+    def response_headers(**kind: bool) -> dict[str, str]:
+        msg = _messages(0, ["system"], random.Random(1), **kind)[-1]
+        return {h.key: h.raw_value.decode() for h in msg.response_headers.headers.headers}
+
+    assert response_headers(event_stream=True)["content-type"] == "text/event-stream"
+    assert "content-length" not in response_headers(event_stream=True)
+    assert response_headers(sized=True)["content-length"] == "120"
+    assert response_headers()["content-type"] == "application/json"

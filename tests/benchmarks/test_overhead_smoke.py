@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,16 @@ def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -
             assert re.fullmatch(rf"{NUM} / {NUM}", r[6]) and re.fullmatch(NUM, r[7]), r
     if "Closed loop (wrk" in text:  # wrk installed: the CPU and throughput ratio line
         assert re.search(rf"CPU per request {NUM}x, throughput {NUM}x", text)
+
+
+def test_the_stand_in_backends_label_their_answers_with_the_content_type_asked_for() -> None:
+    from benchmarks.overhead import direct_response_backends
+
+    def completion_headers(config: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        hcms = [ls["filter_chains"][0]["filters"][0]["typed_config"] for ls in config["static_resources"]["listeners"]]
+        return [r["response_headers_to_add"] for h in hcms for r in h["route_config"]["virtual_hosts"][0]["routes"]
+                if r["match"] == {"prefix": "/"}]  # fmt: skip
+
+    sse = completion_headers(direct_response_backends(2, "text/event-stream"))
+    assert sse == [[{"header": {"key": "content-type", "value": "text/event-stream"}}]] * 2
+    assert completion_headers(direct_response_backends(1))[0][0]["header"]["value"] == "application/json"
