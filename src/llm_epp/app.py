@@ -427,7 +427,12 @@ async def _drain(servers: list[Any], health: HealthState, drain_timeout: float, 
     if drain_timeout > 0 and not force.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(force.wait(), drain_timeout)
-    grace = 0.0 if force.is_set() else drain_timeout
+    if force.is_set():  # one shutdown only: grpc's core can crash when a second one races the first
+        log.info("drain cut short: refusing new streams and ending in-flight streams now")
+        await asyncio.gather(*(s.stop(None) for s in servers))
+        log.info("stopped")
+        return
+    grace = drain_timeout
     log.info("drain window over: refusing new streams, in-flight streams get up to %.1fs", grace)
     stopping: asyncio.Future[Any] = asyncio.gather(*(s.stop(grace) for s in servers))
     forced: asyncio.Future[Any] = asyncio.ensure_future(force.wait())
