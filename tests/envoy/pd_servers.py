@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_epp.sim.metric_names import requested_names, restrict
+from tests.support.http_body import read_request_body
 from tests.support.ports import free_port
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -124,18 +125,6 @@ def _handler(standin: VllmStandin) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def _read_body(self) -> bytes:
-            if "chunked" not in self.headers.get("transfer-encoding", "").lower():
-                return self.rfile.read(int(self.headers.get("content-length", "0")))
-            parts: list[bytes] = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(status)
             self.send_header("content-type", ctype)
@@ -163,7 +152,7 @@ def _handler(standin: VllmStandin) -> type[BaseHTTPRequestHandler]:
                 self._send(200, b"{}")
 
         def do_POST(self) -> None:
-            raw = self._read_body()
+            raw = read_request_body(self)
             try:
                 body = json.loads(raw) if raw else None
             except ValueError:

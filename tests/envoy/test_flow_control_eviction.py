@@ -23,6 +23,7 @@ import pytest
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
+from tests.support.http_body import read_request_body
 
 pytestmark = pytest.mark.envoy
 
@@ -71,7 +72,7 @@ def _handler(ref: list[Pod]) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             pod = ref[0]
-            self.rfile.read(int(self.headers.get("content-length", "0")))
+            read_request_body(self)
             rid = self.headers.get(ID, "")
             with pod.cond:
                 pod.arrived.append(rid)

@@ -18,6 +18,7 @@ import pytest
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
+from tests.support.http_body import read_request_body
 
 pytestmark = pytest.mark.envoy
 
@@ -158,20 +159,8 @@ def _handler(pods: Pods, index: int) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def _body(self) -> bytes:
-            if "chunked" not in self.headers.get("transfer-encoding", ""):
-                return self.rfile.read(int(self.headers.get("content-length", "0")))
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-
         def do_POST(self) -> None:
-            body = self._body()
+            body = read_request_body(self)
             pods.seen.append(Seen(index, self.path, body))
             try:
                 request = json.loads(body)

@@ -19,6 +19,7 @@ from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from llm_epp.sim.stub import BackendPool
 from tests.envoy.conftest import start_stack, stop_stack
+from tests.support.http_body import read_request_body
 
 pytestmark = pytest.mark.envoy
 
@@ -54,20 +55,8 @@ def _handler(pod_ref: list[Pod]) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def _body(self) -> bytes:
-            if "chunked" not in self.headers.get("transfer-encoding", ""):
-                return self.rfile.read(int(self.headers.get("content-length", "0")))
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-
         def do_POST(self) -> None:
-            body = self._body()
+            body = read_request_body(self)
             pod_ref[0].seen.append(Seen("POST", self.path, list(self.headers.items()), body))
             try:
                 model = json.loads(body).get("model", "")
