@@ -270,3 +270,20 @@ def test_requests_from_both_workers_wait_in_one_queue_in_priority_order(queued_s
         assert [f.result(30).status_code for f in (first, *waiting, urgent)] == [200] * 4
     assert s.pod.arrived == ["first", "urgent", "low-1", "low-2"]
     assert s.queued() == 0
+
+
+def test_a_second_signal_ends_the_drain_and_every_worker_stops_cleanly(backends: BackendPool, tmp_path: Path) -> None:
+    gw = WorkersGateway(backends, tmp_path, "--drain-timeout", "10m", tls=False)
+    try:
+        proc = gw.epp.proc
+        assert proc is not None
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining" in gw.epp.log(), "the drain to start", 10)
+        assert proc.poll() is None  # a 10-minute drain window: still serving
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        log = gw.epp.log()
+        assert log.count("worker_stopped") == 2  # each front stopped its server itself, none was killed
+        assert "worker_killed" not in log
+    finally:
+        gw.stop()
