@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.records import record
 from llm_epp.framework.types import InferenceRequest
 
 
@@ -114,7 +115,7 @@ class UsageLimitPolicy(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EvictionItem:
     """A request dispatched to a model server that flow control may evict to free capacity for queued
     higher-priority work. `dispatched_at` is event-loop seconds (`loop.time()`)."""

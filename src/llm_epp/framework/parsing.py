@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.records import record
 from llm_epp.framework.requestcontrol import Usage
 from llm_epp.framework.types import RequestBody
 
@@ -35,7 +36,7 @@ class Claims:
     protocols: tuple[str, ...] = ("http",)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ParsedRequest:
     """A parsed request. `model` is "" when the request names none. `skip_response_processing`: route the
     request, but do not read its response (no usage; completion is learnt when the stream ends)."""

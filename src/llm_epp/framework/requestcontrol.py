@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
+from llm_epp.framework.records import record
 from llm_epp.framework.state import CycleState, StateKey
 from llm_epp.framework.types import Endpoint, InferenceRequest, SchedulingResult
 
@@ -35,7 +36,7 @@ REQUEST_HEADERS_KEY: StateKey[dict[str, str]] = StateKey("request-headers")
 RESPONSE_METADATA_KEY: StateKey[dict[str, dict[str, object]]] = StateKey("response-metadata")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0

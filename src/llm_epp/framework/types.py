@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from llm_epp.framework.records import record
+
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 
@@ -142,7 +144,7 @@ class ApiKind(enum.Enum):
     NONE = "none"  # no body (GET /v1/models, health checks)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestBody:
     """The parsed request body. `payload` is the decoded JSON object (do not mutate it)."""
 
@@ -153,7 +155,7 @@ class RequestBody:
     token_ids: tuple[int, ...] = ()  # pre-tokenized prompts (GENERATE), first prompt of a batch
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InferenceRequest:
     """One inference request as the scheduler sees it."""
 
@@ -173,7 +175,7 @@ class ScoredEndpoint(NamedTuple):
     score: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProfileResult:
     """A profile's decision: target endpoints in order of preference (first = primary).
 
@@ -184,7 +186,7 @@ class ProfileResult:
     scores: Mapping[EndpointKey, Mapping[str, float]] = field(default_factory=_empty)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SchedulingResult:
     profile_results: Mapping[str, ProfileResult | None]
     primary_profile_name: str

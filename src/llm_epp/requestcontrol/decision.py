@@ -5,12 +5,13 @@ what the director wants added to it (`ResponsePlan`). All frozen; nothing here k
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
 from llm_epp.framework import Endpoint, EppError, ErrorCode, InferenceRequest, SchedulingResult
 from llm_epp.framework.parsing import ResponseReader
+from llm_epp.framework.records import record
 from llm_epp.framework.requestcontrol import Usage
 from llm_epp.requestcontrol.lifecycle import RequestHandle
 
@@ -32,7 +33,7 @@ class RequestDropped(EppError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestInput:
     """One request as an adapter received it.
 
@@ -49,7 +50,7 @@ class RequestInput:
     received_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RoutingDecision:
     """Where a request goes and what to forward.
 
@@ -84,7 +85,7 @@ class RoutingDecision:
         return {hostports[key]: parts.get("total", 0.0) for key, parts in primary.scores.items() if key in hostports}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResponseSeen:
     """What an adapter saw in the response headers: the HTTP status, the endpoint that served the request
     (from the gateway; "" = unknown, the primary target is assumed), whether the body is a Server-Sent
@@ -96,7 +97,7 @@ class ResponseSeen:
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResponsePlan:
     """The director's answer to response headers: headers to add to the client's response (from
     ResponseReceived plugins) and a reader for the body's usage (None: do not read the body). The reader is
@@ -106,7 +107,7 @@ class ResponsePlan:
     reader: ResponseReader | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     """How a request ended. `complete`: the response was received in full (False: cancelled, reset, expired).
     `status`: 0 = as reported to `response_received`. `response_bytes`: body bytes seen by the adapter."""
