@@ -153,6 +153,24 @@ def test_completions_calibrate_tokens_per_byte_output_and_itl() -> None:
     assert det.itl == pytest.approx(0.02, rel=0.02)
 
 
+def test_itl_is_timed_from_the_first_body_bytes_when_the_headers_came_before_them() -> None:
+    # Response bodies streamed to the EPP: vLLM sends a streamed response's headers on admission, 3 s of
+    # queueing and prefill before its first token; only the first body bytes time the decode.
+    handle = FakeHandle(clock=0.0)
+    det = _detector(handle)
+    ep = _ep("a")
+    for _ in range(60):
+        cycle = _send(det, ep, prompt_bytes=3000, max_tokens=400)
+        det.response_received(cycle, request(), ResponseInfo(status=200, streaming=True), ep)
+        handle.clock += 3.0
+        first_body_at = handle.clock
+        handle.clock += 0.02 * 199
+        usage = Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200)
+        info = ResponseInfo(status=200, streaming=True, usage=usage, complete=True, first_body_at=first_body_at)
+        det.response_complete(cycle, request(), info, ep)
+    assert det.itl == pytest.approx(0.02, rel=0.02), "the headers' lead is not decode time"
+
+
 def test_an_aborted_request_is_forgotten_without_calibrating() -> None:
     det = _detector()
     ep = _ep("a")

@@ -423,7 +423,8 @@ class KvCacheHeadroomDetector:
             self.mean_output += _EWMA * (n - self.mean_output)
             if entry.max_tokens:
                 self.output_ratio += _EWMA * (min(n / entry.max_tokens, 1.0) - self.output_ratio)
-        first = entry.first_token if entry.first_token is not None else info.first_body_at
+        # The first body bytes are the first token; a streamed response's headers may come long before it.
+        first = info.first_body_at if info.first_body_at is not None else entry.first_token
         if n > 1 and first is not None:
             observed = (self._handle.now() - first) / (n - 1)
             if observed > 0:
