@@ -197,9 +197,12 @@ class RunResult:
     wall_seconds: float = 0.0
 
 
-TWINS = {"deployed": ("arrival", False), "ideal": ("first-token", True)}
-"""What the EPP learns of each response (EppRouter's response_headers_at, response_usage): `deployed` is what
-it learns behind `llm-epp envoy-config`'s defaults (a streamed response's headers when the pod takes the
+TWINS: dict[str, dict[str, Any]] = {
+    "deployed": {},
+    "ideal": {"response_headers_at": "first-token", "response_usage": True},
+}
+"""What the EPP learns of each response (EppRouter's keyword arguments): `deployed` is EppRouter's default,
+what it learns behind `llm-epp envoy-config`'s defaults (a streamed response's headers when the pod takes the
 request, no usage with response bodies NONE); `ideal` adds the first-token time and the usage, which no
 deployment gives it (the reports before this option)."""
 
@@ -209,16 +212,7 @@ def _router(label: str, pods: int, seed: int, queue: QueueTimes, twin: str = "de
     if config == "":
         return RoundRobinRouter(pods)
     objectives = parse_objectives_file(OBJECTIVES, "objectives.yaml")
-    headers_at, usage = TWINS[twin]
-    return EppRouter(
-        pods,
-        config,
-        seed=seed,
-        objectives=objectives,
-        flow_observer=queue,
-        response_headers_at=headers_at,
-        response_usage=usage,
-    )
+    return EppRouter(pods, config, seed=seed, objectives=objectives, flow_observer=queue, **TWINS[twin])
 
 
 def trace(sc: Scenario, factor: float, seconds: float, seed: int) -> tuple[list[TraceRequest], list[str]]:

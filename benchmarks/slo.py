@@ -236,7 +236,16 @@ def measure(config: str, seed: int, scenario: Scenario, results: Sequence[Reques
 def run_one(config: str, seed: int, scenario: Scenario) -> Outcome:
     cluster = Cluster(get_profile(scenario.profile), scenario.pods)
     objectives = parse_objectives_file(OBJECTIVES, "objectives.yaml")
-    router = EppRouter(scenario.pods, config_text(config, scenario), seed=seed, objectives=objectives)
+    # The latency predictor trains on TTFT and TPOT, which an EPP reads only with response bodies streamed to
+    # it: the hooks run at the first token and the completion carries its usage.
+    router = EppRouter(
+        scenario.pods,
+        config_text(config, scenario),
+        seed=seed,
+        objectives=objectives,
+        response_headers_at="first-token",
+        response_usage=True,
+    )
     t0 = time.perf_counter()
     try:
         results = cluster.run_trace(trace(scenario, seed), router)

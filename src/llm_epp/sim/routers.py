@@ -207,11 +207,14 @@ class EppRouter(Router):
     render endpoint would answer for its text), for plugins that need the engine's tokens
     (``precise-prefix-cache-producer``).
 
-    What the EPP learns of each response, as a deployment decides it: ``response_headers_at`` is when the
-    ResponseReceived hooks run: ``"first-token"`` (default) or ``"arrival"`` (when the pod takes the request:
-    vLLM sends a streamed response's headers at once, before its first token, and that is all an EPP behind
-    response body mode NONE sees); ``response_usage`` False withholds the token usage from the completion (with
-    response bodies NONE, the default of ``llm-epp envoy-config``, the EPP never reads it)."""
+    What the EPP learns of each response, as a deployment decides it. The defaults are what ``llm-epp
+    envoy-config``'s defaults give it (response bodies NONE): ``response_headers_at="arrival"``, the
+    ResponseReceived hooks run when the pod takes the request (vLLM sends a streamed response's headers at
+    once, before its first token), and ``response_usage=False``, the EPP never reads the token usage.
+    ``"first-token"`` with ``response_usage=True`` stands for a deployment that streams response bodies to the
+    EPP, whose plugins time the first token from the first body bytes and read the usage at the end: here
+    the hooks run at the first token instead (plugins that need the first token, such as the latency
+    predictor's training, are benchmarked that way)."""
 
     name = "llm-epp"
 
@@ -230,8 +233,8 @@ class EppRouter(Router):
         pod_labels: Sequence[Mapping[str, str]] | None = None,
         flow_observer: FlowControlObserver | None = None,
         token_prompts: bool = False,
-        response_headers_at: str = "first-token",
-        response_usage: bool = True,
+        response_headers_at: str = "arrival",
+        response_usage: bool = False,
     ) -> None:
         if pod_labels is not None and len(pod_labels) != num_pods:
             raise ValueError(f"pod_labels names {len(pod_labels)} pods, the router has {num_pods}")
@@ -337,8 +340,8 @@ def make_router(
     config_text: str | None = None,
     scrape_interval: float = DEFAULT_SCRAPE_INTERVAL,
     pod_labels: Sequence[Mapping[str, str]] | None = None,
-    response_headers_at: str = "first-token",
-    response_usage: bool = True,
+    response_headers_at: str = "arrival",
+    response_usage: bool = False,
 ) -> Router:
     """A fresh router called ``name`` (one of :data:`ROUTERS`) for ``num_pods`` pods (``pod_labels``: the
     endpoints' labels, for ``llm-epp``; ``response_headers_at`` and ``response_usage``: what ``llm-epp``

@@ -237,8 +237,8 @@ def _witnessed(**signals: Any) -> tuple[EppRouter, _Witness]:
     return router, witness
 
 
-def test_response_hooks_run_at_the_first_token_and_at_the_end_with_the_usage() -> None:
-    router, witness = _witnessed()
+def test_with_response_bodies_read_the_hooks_run_at_the_first_token_and_at_the_end_with_the_usage() -> None:
+    router, witness = _witnessed(response_headers_at="first-token", response_usage=True)
     results = _run(router, [TraceRequest(0.01 * k, p) for k, p in enumerate(_prompts(6))])
     assert set(witness.received) == set(witness.completed) == set(results)
     for rid, r in results.items():
@@ -247,10 +247,10 @@ def test_response_hooks_run_at_the_first_token_and_at_the_end_with_the_usage() -
         assert witness.completed[rid] == (r.finish, 200, r.completion_tokens, True)
 
 
-def test_as_deployed_the_response_headers_come_when_the_pod_takes_the_request_and_no_usage_is_read() -> None:
-    # What an EPP behind response body mode NONE learns: vLLM sends a streamed response's headers at once, and
-    # the body (with its usage) never passes through the EPP.
-    router, witness = _witnessed(response_headers_at="arrival", response_usage=False)
+def test_by_default_as_deployed_the_headers_come_when_the_pod_takes_the_request_and_no_usage_is_read() -> None:
+    # What an EPP behind response body mode NONE (envoy-config's default) learns: vLLM sends a streamed
+    # response's headers at once, and the body (with its usage) never passes through the EPP.
+    router, witness = _witnessed()
     trace = [TraceRequest(0.01 * k, p) for k, p in enumerate(_prompts(6))]
     results = _run(router, trace)
     assert set(witness.received) == set(witness.completed) == set(results)
