@@ -136,17 +136,29 @@ def test_the_filter_keeps_endpoints_with_room_for_this_request_else_the_emptiest
     assert [e.key.name for e in det.filter(CycleState(), big, [tight, full])] == ["b"]
 
 
+def _complete_many(det: KvCacheHeadroomDetector, handle: FakeHandle, ep: Endpoint, headers_lead: float) -> None:
+    """60 requests, one after another: 1,000 prompt tokens in 3,000 bytes, 200 of 400 tokens out at 20 ms
+    each. The response headers come `headers_lead` seconds before the first token; with a lead (a streamed
+    response, bodies read by the EPP) the first body bytes are timed as well."""
+    for _ in range(60):
+        cycle = _send(det, ep, prompt_bytes=3000, max_tokens=400)
+        handle.clock += 1.0
+        det.response_received(cycle, request(), ResponseInfo(status=200, streaming=headers_lead > 0), ep)
+        handle.clock += headers_lead
+        first_body_at = handle.clock if headers_lead > 0 else None
+        handle.clock += 0.02 * 199
+        usage = Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200)
+        info = ResponseInfo(
+            status=200, streaming=headers_lead > 0, usage=usage, complete=True, first_body_at=first_body_at
+        )
+        det.response_complete(cycle, request(), info, ep)
+
+
 def test_completions_calibrate_tokens_per_byte_output_and_itl() -> None:
     handle = FakeHandle(clock=0.0)
     det = _detector(handle)
     ep = _ep("a")
-    for _ in range(60):
-        cycle = _send(det, ep, prompt_bytes=3000, max_tokens=400)
-        handle.clock += 1.0
-        det.response_received(cycle, request(), ResponseInfo(status=200), ep)
-        handle.clock += 0.02 * 199
-        usage = Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200)
-        det.response_complete(cycle, request(), ResponseInfo(status=200, usage=usage, complete=True), ep)
+    _complete_many(det, handle, ep, headers_lead=0.0)
     assert det.in_flight(ep.key) == 0, "nothing leaks"
     assert det.tokens_per_byte == pytest.approx(1 / 3, rel=0.01)
     assert det.output_ratio == pytest.approx(0.5, rel=0.01)
@@ -154,20 +166,11 @@ def test_completions_calibrate_tokens_per_byte_output_and_itl() -> None:
 
 
 def test_itl_is_timed_from_the_first_body_bytes_when_the_headers_came_before_them() -> None:
-    # Response bodies streamed to the EPP: vLLM sends a streamed response's headers on admission, 3 s of
+    # Response bodies streamed to the EPP: vLLM sends a streamed response's headers on admission, here 3 s of
     # queueing and prefill before its first token; only the first body bytes time the decode.
     handle = FakeHandle(clock=0.0)
     det = _detector(handle)
-    ep = _ep("a")
-    for _ in range(60):
-        cycle = _send(det, ep, prompt_bytes=3000, max_tokens=400)
-        det.response_received(cycle, request(), ResponseInfo(status=200, streaming=True), ep)
-        handle.clock += 3.0
-        first_body_at = handle.clock
-        handle.clock += 0.02 * 199
-        usage = Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200)
-        info = ResponseInfo(status=200, streaming=True, usage=usage, complete=True, first_body_at=first_body_at)
-        det.response_complete(cycle, request(), info, ep)
+    _complete_many(det, handle, _ep("a"), headers_lead=3.0)
     assert det.itl == pytest.approx(0.02, rel=0.02), "the headers' lead is not decode time"
 
 
