@@ -90,6 +90,7 @@ def build_request_path(
             admission=config.admission,
             pre_request=config.pre_request,
             response_received=config.response_received,
+            response_first_body=config.response_first_body,
             response_complete=config.response_complete,
         ),
         recorder,

@@ -53,6 +53,7 @@ from llm_epp.framework.requestcontrol import (
     PrepareData,
     PreRequest,
     ResponseComplete,
+    ResponseFirstBody,
     ResponseReceived,
     Screener,
 )
@@ -99,6 +100,7 @@ class LoadedConfig:
     admission: list[Admission] = field(default_factory=list)
     pre_request: list[PreRequest] = field(default_factory=list)
     response_received: list[ResponseReceived] = field(default_factory=list)
+    response_first_body: list[ResponseFirstBody] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
     flow_control: FlowControlConfig | None = None  # the flowControl gate is on: requests queue in the EPP
     discovery: EndpointDiscovery | None = None  # dataLayer.discovery: endpoints come from this plugin
@@ -537,6 +539,8 @@ def _build(
             loaded.pre_request.append(p)
         if isinstance(p, ResponseReceived):
             loaded.response_received.append(p)
+        if isinstance(p, ResponseFirstBody):
+            loaded.response_first_body.append(p)
         if isinstance(p, ResponseComplete):
             loaded.response_complete.append(p)
     warnings += _unused(loaded, spec)
@@ -558,6 +562,7 @@ def _unused(loaded: LoadedConfig, spec: EndpointPickerConfigSpec) -> list[str]:
         loaded.admission,
         loaded.pre_request,
         loaded.response_received,
+        loaded.response_first_body,
         loaded.response_complete,
         loaded.parsers,
     ]

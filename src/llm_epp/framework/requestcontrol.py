@@ -119,6 +119,21 @@ class ResponseReceived(Protocol):
 
 
 @runtime_checkable
+class ResponseFirstBody(Protocol):
+    """Runs once per scheduled request, when the first response body bytes reach the EPP: only when the gateway
+    sends it response bodies (`llm-epp envoy-config --response-body-mode FULL_DUPLEX_STREAMED`). For a streamed
+    response that is the first token; its headers may come long before (vLLM sends them on admission).
+    `response.first_body_at` is set."""
+
+    @property
+    def typed_name(self) -> TypedName: ...
+
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None: ...
+
+
+@runtime_checkable
 class ResponseComplete(Protocol):
     """Runs exactly once per scheduled request when it ends, successfully or not."""
 

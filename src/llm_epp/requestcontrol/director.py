@@ -47,6 +47,7 @@ from llm_epp.framework.requestcontrol import (
     PrepareData,
     PreRequest,
     ResponseComplete,
+    ResponseFirstBody,
     ResponseInfo,
     ResponseReceived,
     Screener,
@@ -96,6 +97,7 @@ class RequestPlugins:
     admission: Sequence[Admission] = ()
     pre_request: Sequence[PreRequest] = ()
     response_received: Sequence[ResponseReceived] = ()
+    response_first_body: Sequence[ResponseFirstBody] = ()
     response_complete: Sequence[ResponseComplete] = ()
 
 
@@ -156,18 +158,28 @@ def filter_by_list(endpoints: Sequence[Endpoint], entries: Sequence[str]) -> lis
 
 class _FirstBodyClock:
     """Wraps the parser's response reader (or none): notes on the request handle when the first non-empty
-    body chunk arrived, so ResponseComplete hooks see `ResponseInfo.first_body_at`."""
+    body chunk arrived, so ResponseComplete hooks see `ResponseInfo.first_body_at`, and calls `on_first` then
+    (the ResponseFirstBody hooks)."""
 
-    __slots__ = ("_clock", "_handle", "_inner")
+    __slots__ = ("_clock", "_handle", "_inner", "_on_first")
 
-    def __init__(self, inner: ResponseReader | None, handle: RequestHandle, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        inner: ResponseReader | None,
+        handle: RequestHandle,
+        clock: Callable[[], float],
+        on_first: Callable[[RequestHandle], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._handle = handle
         self._clock = clock
+        self._on_first = on_first
 
     def feed(self, chunk: bytes, end_of_stream: bool) -> None:
         if chunk and self._handle.first_body_at is None:
             self._handle.first_body_at = self._clock()
+            if self._on_first is not None:
+                self._on_first(self._handle)
         if self._inner is not None:
             self._inner.feed(chunk, end_of_stream)
 
@@ -535,10 +547,30 @@ class Director:
         parser, parsed = handle.parser, handle.parsed
         if parser is not None and parsed is not None and not parsed.skip_response_processing:
             reader = parser.response_reader(parsed, seen.headers)
-        if self.plugins.response_complete:  # they may time the first body bytes (TTFT of a stream)
-            reader = _FirstBodyClock(reader, handle, self.clock)
+        if self.plugins.response_complete or self.plugins.response_first_body:  # the first body bytes' time
+            reader = _FirstBodyClock(
+                reader, handle, self.clock, self._first_body if self.plugins.response_first_body else None
+            )
         added = handle.cycle.read(RESPONSE_HEADERS_KEY)
         return ResponsePlan(dict(added) if added else {}, reader)
+
+    def _first_body(self, handle: RequestHandle) -> None:
+        """The first response body bytes arrived (`handle.first_body_at` is set): runs ResponseFirstBody hooks."""
+        request = handle.request
+        if request is None or not handle.scheduled or handle.finished:
+            return
+        endpoint = handle.endpoint
+        info = ResponseInfo(
+            status=handle.status,
+            served_endpoint=handle.served_endpoint,
+            streaming=handle.streaming,
+            first_body_at=handle.first_body_at,
+        )
+        for plugin in self.plugins.response_first_body:
+            try:
+                plugin.response_first_body(handle.cycle, request, info, endpoint)
+            except Exception:
+                self._plugin_failed("ResponseFirstBody", plugin.typed_name)
 
     def finish(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
         """Ends the request exactly once: releases the in-flight reservation, runs ResponseComplete hooks,

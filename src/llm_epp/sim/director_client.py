@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from llm_epp.framework import Endpoint, EppError
+from llm_epp.framework.parsing import ResponseReader
 from llm_epp.framework.requestcontrol import Usage
 from llm_epp.requestcontrol.decision import Outcome, RequestInput, ResponseSeen
 from llm_epp.requestcontrol.director import Director
@@ -40,6 +42,12 @@ class Routed:
     """Headers the EPP sets on the upstream request (``x-prefiller-host-port`` for a split request)."""
     eviction: asyncio.Future[None] | None = None
     """Resolved when flow control evicts the request (``enableEviction``); None: it cannot be evicted."""
+    reader: ResponseReader | None = None
+    """What the director reads the response body with, once the response has started (None: nothing)."""
+
+
+_EVENT_STREAM = MappingProxyType({"content-type": "text/event-stream"})
+_FIRST_EVENT = b'data: {"object":"text_completion","choices":[{"index":0,"text":" t0"}]}\n\n'
 
 
 class DirectorClient:
@@ -58,10 +66,16 @@ class DirectorClient:
         return Routed(decision.endpoint, handle, dict(decision.upstream_headers), handle.eviction)
 
     def response_started(self, routed: Routed, status: int = 200) -> None:
-        """The model server's response headers arrived (a streamed response: at its first token)."""
-        self._director.response_received(
-            routed._handle, ResponseSeen(status=status, served_endpoint=routed.endpoint.hostport, streaming=True)
+        """The model server's response headers arrived (a streamed response, Server-Sent Events)."""
+        seen = ResponseSeen(
+            status=status, served_endpoint=routed.endpoint.hostport, streaming=True, headers=_EVENT_STREAM
         )
+        routed.reader = self._director.response_received(routed._handle, seen).reader
+
+    def first_body(self, routed: Routed) -> None:
+        """The response's first body bytes reached the EPP (it reads response bodies): its first token."""
+        if routed.reader is not None:
+            routed.reader.feed(_FIRST_EVENT, False)
 
     def finish(self, routed: Routed, status: int, usage: Usage | None = None, *, complete: bool = True) -> None:
         """The response ended with `status` (`complete` False: cut short, e.g. evicted): releases the

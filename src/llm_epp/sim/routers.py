@@ -213,8 +213,9 @@ class EppRouter(Router):
     once, before its first token), and ``response_usage=False``, the EPP never reads the token usage.
     ``"first-token"`` with ``response_usage=True`` stands for a deployment that streams response bodies to the
     EPP, whose plugins time the first token from the first body bytes and read the usage at the end: here
-    the hooks run at the first token instead (plugins that need the first token, such as the latency
-    predictor's training, are benchmarked that way)."""
+    the ResponseReceived hooks run at the first token, and the first body bytes (ResponseFirstBody hooks)
+    arrive at the same instant (plugins that need the first token, such as the latency predictor's
+    training, are benchmarked that way)."""
 
     name = "llm-epp"
 
@@ -303,8 +304,10 @@ class EppRouter(Router):
         return routed.upstream_headers if routed is not None else {}
 
     def on_first_token(self, request: RoutedRequest, pod: int, now: float) -> None:
-        if not self._headers_at_arrival:
-            self._client.response_started(self._routed[request.id])
+        if not self._headers_at_arrival:  # response bodies read by the EPP: the first token is seen
+            routed = self._routed[request.id]
+            self._client.response_started(routed)
+            self._client.first_body(routed)
 
     def on_finish(self, request: RoutedRequest, pod: int, event: RequestEvent, now: float) -> None:
         usage = None

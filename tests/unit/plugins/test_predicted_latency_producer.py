@@ -225,6 +225,7 @@ schedulingProfiles:
     assert "PredictedLatencyProducer" in kinds
     assert kinds.index("ApproxPrefixCacheProducer") < kinds.index("PredictedLatencyProducer")
     assert [type(p).__name__ for p in loaded.response_complete] == ["PredictedLatencyProducer"]
+    assert [type(p).__name__ for p in loaded.response_first_body] == ["PredictedLatencyProducer"]
 
 
 class Recording(LatencyPredictor):
@@ -276,9 +277,10 @@ async def test_non_streamed_ttft_is_the_headers_time() -> None:
     assert rec.ttft == [400.0] and rec.tpot == []  # no per-token timing without a stream
 
 
-async def test_prefill_tokens_in_flight_count_until_the_response_starts() -> None:
+async def test_prefill_tokens_in_flight_count_until_the_prefill_is_over() -> None:
     """Uncached prompt tokens dispatched to an endpoint are a feature of the next requests there until the
-    response starts (headers or first token), and are released once even if it never does."""
+    prefill is over: a streamed response's first body bytes (its headers come on admission, before the
+    prefill), a non-streamed response's headers; released once, and at the end if neither came."""
     rec = Recording()
     p = PredictedLatencyProducer(params=Params(), handle=FakeHandle(), predictor=rec)
     eps = [endpoint("a")]
@@ -298,8 +300,18 @@ async def test_prefill_tokens_in_flight_count_until_the_response_starts() -> Non
     p.pre_request(second, req2, result("a"))
     assert p.prefill_tokens(key("a")) == 1100
     p.response_received(cycle, req, ResponseInfo(status=200, streaming=True), eps[0])
+    assert p.prefill_tokens(key("a")) == 1100, "a streamed response's headers do not end its prefill"
+    p.response_first_body(cycle, req, ResponseInfo(status=200, streaming=True, first_body_at=1.0), eps[0])
     assert p.prefill_tokens(key("a")) == 100
     p.response_complete(cycle, req, ResponseInfo(status=200, complete=True), eps[0])
     assert p.prefill_tokens(key("a")) == 100  # released once
     p.response_complete(second, req2, ResponseInfo(status=0, complete=False), eps[0])  # cancelled before a token
     assert p.prefill_tokens(key("a")) == 0
+    third, req3 = (
+        CycleState(),
+        request(request_id="r3", api=ApiKind.COMPLETIONS, payload={"model": "m", "prompt": "z" * 800}),
+    )
+    await p.prepare_data(third, req3, eps)
+    p.pre_request(third, req3, result("a"))
+    p.response_received(third, req3, ResponseInfo(status=200, streaming=False), eps[0])
+    assert p.prefill_tokens(key("a")) == 0, "a non-streamed response's headers come with the whole answer"

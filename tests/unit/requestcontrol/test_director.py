@@ -46,6 +46,7 @@ class Hooks:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.infos: list[ResponseInfo] = []
+        self.first_bodies: list[ResponseInfo] = []
 
     def pre_request(self, cycle: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
         self.calls.append("pre_request")
@@ -56,6 +57,11 @@ class Hooks:
     ) -> None:
         self.calls.append("received")
         cycle.write(RESPONSE_HEADERS_KEY, {"x-plugin": "yes"})
+
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        self.first_bodies.append(response)
 
     def response_complete(
         self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
@@ -107,7 +113,9 @@ def make(
     director = Director(
         ds.snapshot,
         loaded.scheduler,
-        RequestPlugins(pre_request=[hooks], response_received=[hooks], response_complete=[hooks]),
+        RequestPlugins(
+            pre_request=[hooks], response_received=[hooks], response_first_body=[hooks], response_complete=[hooks]
+        ),
         rec,
         DirectorOptions(**opts),  # type: ignore[arg-type]
         saturation=Saturated(saturation) if saturation is not None else None,
@@ -188,6 +196,42 @@ async def test_first_body_bytes_are_timed_for_the_completion_hooks(content_type:
     assert hooks.infos[0].first_body_at == first
     if content_type == "text/event-stream":
         assert hooks.infos[0].usage == Usage(1, 2, 3)  # the parser's reader still reads the usage
+
+
+async def test_the_first_body_hooks_run_once_at_the_first_body_bytes() -> None:
+    _, director, _, hooks, clock = make()
+    decision = await director.route(inp())
+    plan = director.response_received(
+        decision.handle, ResponseSeen(status=200, streaming=True, headers={"content-type": "text/event-stream"})
+    )
+    assert plan.reader is not None
+    clock.now += 2.0  # the headers came on admission: prefill, then the first token
+    plan.reader.feed(b"", False)
+    assert hooks.first_bodies == [], "an empty chunk is no first token"
+    plan.reader.feed(b'data: {"choices": [{"text": "a"}]}\n\n', False)
+    first = clock.now
+    clock.now += 0.5
+    plan.reader.feed(b'data: {"choices": [{"text": "b"}]}\n\n', False)
+    assert [(i.first_body_at, i.status, i.streaming) for i in hooks.first_bodies] == [(first, 200, True)]
+    director.finish(decision.handle, Outcome(complete=True))
+    assert len(hooks.first_bodies) == 1
+
+
+async def test_a_failing_first_body_hook_is_isolated() -> None:
+    class Exploding:
+        typed_name = TypedName("exploding", "exploding")
+
+        def response_first_body(self, *_: object) -> None:
+            raise RuntimeError("boom")
+
+    _, director, rec, hooks, _ = make()
+    director.plugins.response_first_body = [Exploding(), hooks]
+    decision = await director.route(inp())
+    plan = director.response_received(decision.handle, ResponseSeen(status=200, streaming=True))
+    assert plan.reader is not None
+    plan.reader.feed(b"{}", True)
+    assert len(hooks.first_bodies) == 1, "the next plugin still runs"
+    assert ("ResponseFirstBody", TypedName("exploding", "exploding")) in rec.plugin_errors
 
 
 async def test_without_a_body_first_body_at_stays_unknown() -> None:

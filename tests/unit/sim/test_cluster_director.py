@@ -108,6 +108,7 @@ class _Witness:
         self._handle = handle
         self.received: dict[str, tuple[float, int, str]] = {}
         self.completed: dict[str, tuple[float, int, int | None, bool]] = {}
+        self.first_body: dict[str, float | None] = {}
 
     @property
     def typed_name(self) -> TypedName:
@@ -117,6 +118,11 @@ class _Witness:
         self, cycle: CycleState, request: InferenceRequest, info: ResponseInfo, endpoint: Endpoint | None
     ) -> None:
         self.received[request.request_id] = (self._handle.now(), info.status, info.served_endpoint)
+
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, info: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        self.first_body[request.request_id] = info.first_body_at
 
     def response_complete(
         self, cycle: CycleState, request: InferenceRequest, info: ResponseInfo, endpoint: Endpoint | None
@@ -244,6 +250,7 @@ def test_with_response_bodies_read_the_hooks_run_at_the_first_token_and_at_the_e
     for rid, r in results.items():
         at, status, served = witness.received[rid]
         assert (at, status, served) == (r.first_token, 200, f"{pod_address(r.pod)}:8000")
+        assert witness.first_body[rid] == r.first_token  # the first body bytes: the first token
         assert witness.completed[rid] == (r.finish, 200, r.completion_tokens, True)
 
 
@@ -259,6 +266,7 @@ def test_by_default_as_deployed_the_headers_come_when_the_pod_takes_the_request_
         assert at == r.arrival < r.first_token  # routed at once: the pod took it when it arrived
         assert (status, served) == (200, f"{pod_address(r.pod)}:8000")
         assert witness.completed[rid] == (r.finish, 200, None, True)
+    assert witness.first_body == {}, "response bodies NONE: no body reaches the EPP"
 
 
 def test_the_response_signals_are_checked() -> None:

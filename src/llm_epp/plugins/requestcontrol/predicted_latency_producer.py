@@ -10,8 +10,10 @@ Scheduling intent:
 
 Inputs consumed:
     Endpoint metrics (KV-cache utilization, waiting and running requests), the EPP's in-flight load per
-    endpoint (`Endpoint.load`), the uncached prompt tokens it has dispatched to each endpoint and not yet
-    seen a response start for (prefill tokens in flight), the prefix-cache match (`prefix-cache-match-info`,
+    endpoint (`Endpoint.load`), the uncached prompt tokens it has dispatched to each endpoint whose prefill it
+    has not yet seen finish (prefill tokens in flight: until a non-streamed response's headers, a streamed
+    response's first body bytes, or, when the EPP does not read response bodies, its end), the prefix-cache
+    match (`prefix-cache-match-info`,
     so the default `approx-prefix-cache-producer` is added when none is configured), the prompt length
     (request body bytes / 4, or the token ids), and the SLO headers `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms`
     (milliseconds; the older `x-slo-ttft-ms` / `x-slo-tpot-ms` are read when the new ones are absent).
@@ -320,12 +322,21 @@ class PredictedLatencyProducer:
         ctx = cycle.read(self._context_key)
         if ctx is None or ctx.target is None or ctx.headers_at is not None:
             return
-        self._release_prefill(ctx, ctx.target)  # the response has begun: its prefill is done
         ctx.headers_at = self._clock()
         ctx.status = response.status
         if not response.streaming:  # the headers come with the whole answer: that is the TTFT
+            self._release_prefill(ctx, ctx.target)
             self._observe_ttft(ctx, request, ctx.target, ctx.headers_at)
-        # streamed: the headers may precede the first token; measured on completion (first body bytes)
+        # streamed: the headers may precede the prefill (vLLM sends them on admission); its end is the first
+        # body bytes (ResponseFirstBody), or the completion when the EPP does not read response bodies
+
+    # --- ResponseFirstBody -----------------------------------------------------------------------------
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        ctx = cycle.read(self._context_key)
+        if ctx is not None and ctx.target is not None:
+            self._release_prefill(ctx, ctx.target)  # the first token is out: the prefill is done
 
     def _observe_ttft(self, ctx: _RequestContext, request: InferenceRequest, target: EndpointKey, at: float) -> None:
         if ctx.ttft_seen or not 200 <= ctx.status < 300:

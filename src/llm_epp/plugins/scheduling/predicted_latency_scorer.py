@@ -184,6 +184,11 @@ class PredictedLatencyScorer:
     ) -> None:
         self.producer.response_received(cycle, request, response, endpoint)
 
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        self.producer.response_first_body(cycle, request, response, endpoint)
+
     def response_complete(
         self, cycle: CycleState, request: InferenceRequest, response: ResponseInfo, endpoint: Endpoint | None
     ) -> None:
