@@ -188,6 +188,13 @@ class _FirstBodyClock:
         return self._inner.usage if self._inner is not None else None
 
 
+_HOOK_METHODS = {
+    "ResponseReceived": "response_received",
+    "ResponseFirstBody": "response_first_body",
+    "ResponseComplete": "response_complete",
+}
+
+
 def _now_ns() -> int:
     return time.time_ns()
 
@@ -538,11 +545,9 @@ class Director:
                 served_endpoint=handle.served_endpoint,
                 streaming=seen.streaming,
             )
-            for plugin in self.plugins.response_received:
-                try:
-                    plugin.response_received(handle.cycle, request, info, endpoint)
-                except Exception:
-                    self._plugin_failed("ResponseReceived", plugin.typed_name)
+            self._response_hooks(
+                "ResponseReceived", self.plugins.response_received, handle.cycle, request, info, endpoint
+            )
         reader = None
         parser, parsed = handle.parser, handle.parsed
         if parser is not None and parsed is not None and not parsed.skip_response_processing:
@@ -566,11 +571,27 @@ class Director:
             streaming=handle.streaming,
             first_body_at=handle.first_body_at,
         )
-        for plugin in self.plugins.response_first_body:
+        self._response_hooks(
+            "ResponseFirstBody", self.plugins.response_first_body, handle.cycle, request, info, endpoint
+        )
+
+    def _response_hooks(
+        self,
+        point: str,
+        plugins: Sequence[ResponseReceived | ResponseFirstBody | ResponseComplete],
+        cycle: CycleState,
+        request: InferenceRequest,
+        info: ResponseInfo,
+        endpoint: Endpoint | None,
+    ) -> None:
+        """Runs one response extension point's hooks (`point`: ResponseReceived, ResponseFirstBody or
+        ResponseComplete, the method of the same name in snake case); a failing hook is logged and counted."""
+        method = _HOOK_METHODS[point]
+        for plugin in plugins:
             try:
-                plugin.response_first_body(handle.cycle, request, info, endpoint)
+                getattr(plugin, method)(cycle, request, info, endpoint)
             except Exception:
-                self._plugin_failed("ResponseFirstBody", plugin.typed_name)
+                self._plugin_failed(point, plugin.typed_name)
 
     def finish(self, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
         """Ends the request exactly once: releases the in-flight reservation, runs ResponseComplete hooks,
@@ -603,11 +624,7 @@ class Director:
                 complete=outcome.complete,
                 first_body_at=handle.first_body_at,
             )
-            for plugin in self.plugins.response_complete:
-                try:
-                    plugin.response_complete(cycle, request, info, endpoint)
-                except Exception:
-                    self._plugin_failed("ResponseComplete", plugin.typed_name)
+            self._response_hooks("ResponseComplete", self.plugins.response_complete, cycle, request, info, endpoint)
         rec = self.recorder
         incoming, target = request.incoming_model, request.target_model
         rec.running_requests(incoming, -1)
