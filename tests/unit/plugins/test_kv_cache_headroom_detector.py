@@ -79,6 +79,21 @@ def test_promised_prompts_and_growth_count_until_the_scrape_shows_them() -> None
     assert det.peak(later, 0, 0) == pytest.approx(4101 + 1899)
 
 
+def test_with_response_bodies_read_decoding_is_dated_from_the_first_body_bytes() -> None:
+    # The headers came on admission at t=2; prefill took until t=7, when the first body bytes (the first token)
+    # arrived. At the scrape at t=12: 5 s of decoding at the assumed 100 ms per token = 51 tokens generated,
+    # 1,949 to go (dated from the headers it would be 101 and 1,899).
+    handle = FakeHandle(clock=2.0)
+    det = _detector(handle)
+    ep = _ep("a", kv=0.0, updated=1.0)
+    cycle = _send(det, ep, prompt_bytes=4 * 4000, max_tokens=2000)
+    det.response_received(cycle, request(), ResponseInfo(status=200, streaming=True), ep)
+    handle.clock = 7.0
+    det.response_first_body(cycle, request(), ResponseInfo(status=200, streaming=True, first_body_at=7.0), ep)
+    later = _ep("a", kv=4051 / 16_000, updated=12.0)
+    assert det.peak(later, 0, 0) == pytest.approx(4051 + 1949)
+
+
 def test_requests_the_pod_still_queued_at_the_scrape_count_as_unallocated_whatever_their_headers_said() -> None:
     # vLLM sends a streamed response's headers before it admits the request: behind response bodies NONE they
     # are the only response signal, and they say nothing about the KV cache. The pod's waiting queue does: it

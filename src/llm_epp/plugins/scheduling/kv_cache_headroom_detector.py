@@ -27,7 +27,8 @@ Inputs consumed:
     output = the body's `max_tokens` /
     `max_completion_tokens` scaled by the observed completion ratio, else the observed mean; ResponseReceived:
     the response start (a streamed response's headers: vLLM sends them on admission or earlier, before the
-    first token, which is all an EPP behind response body mode NONE sees); ResponseComplete: the usage,
+    first token, which is all an EPP behind response body mode NONE sees); ResponseFirstBody: the first
+    token, when the EPP reads response bodies (decoding is dated from it instead); ResponseComplete: the usage,
     when the EPP reads it, which calibrates tokens per body byte, completion length and inter-token
     latency).
 
@@ -388,6 +389,13 @@ class KvCacheHeadroomDetector:
         entry = cycle.read(_ENTRY)
         if entry is not None and entry.first_token is None:
             entry.first_token = self._handle.now()
+
+    def response_first_body(
+        self, cycle: CycleState, request: InferenceRequest, info: ResponseInfo, endpoint: Endpoint | None
+    ) -> None:
+        entry = cycle.read(_ENTRY)
+        if entry is not None and info.first_body_at is not None:
+            entry.first_token = info.first_body_at  # the real first token: decoding starts here, not at the headers
 
     def response_complete(
         self, cycle: CycleState, request: InferenceRequest, info: ResponseInfo, endpoint: Endpoint | None
