@@ -167,6 +167,9 @@ async def test_trains_through_its_own_hooks_and_then_steers() -> None:
         handle.clock += 0.4 if target.key.name == "slow" else 0.1
         s.response_received(cycle, req, ResponseInfo(status=200, streaming=True), target)
         first = handle.clock
+        assert s.producer.prefill_tokens(target.key) > 0, "a streamed response's headers do not end its prefill"
+        s.response_first_body(cycle, req, ResponseInfo(status=200, streaming=True, first_body_at=first), target)
+        assert s.producer.prefill_tokens(target.key) == 0
         handle.clock += 0.2
         done = ResponseInfo(200, streaming=True, complete=True, usage=Usage(5, 11, 16), first_body_at=first)
         s.response_complete(cycle, req, done, target)
@@ -220,3 +223,4 @@ schedulingProfiles:
     assert kinds.index("ApproxPrefixCacheProducer") < kinds.index("PredictedLatencyScorer")
     assert "PredictedLatencyProducer" not in kinds  # it publishes the predictions the admitter reads
     assert [type(p).__name__ for p in loaded_cfg.response_complete] == ["PredictedLatencyScorer"]
+    assert [type(p).__name__ for p in loaded_cfg.response_first_body] == ["PredictedLatencyScorer"]
