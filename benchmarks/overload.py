@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import command_line, machine
+from benchmarks.report import command_line, machine, output_path
 from benchmarks.stats import fmt_interval
 from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
@@ -426,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         help="what llm-epp learns of each response: as deployed behind response bodies NONE (default), or "
         "ideal (first-token times and usage, as reports before this option assumed)",
     )
-    ap.add_argument("--output", type=Path, default=RESULTS / "overload.md")
+    ap.add_argument(
+        "--output", type=Path, help="report file (default results/overload.md; with --smoke a temporary directory)"
+    )
     ap.add_argument("--append", action="store_true", help="add the report to the end of --output")
     ap.add_argument("--json", type=Path, help="also add each run's figures (with its seed) to this JSON list")
     ap.add_argument(
@@ -438,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         entries = [e for path in args.summarize for e in json.loads(path.read_text())]
         print("\n".join(seeds_summary(entries)))
         return 0
+    args.output = output_path(args.output, RESULTS / "overload.md", args.smoke)
     args.factors = [float(f) for f in args.factors.split(",")]
     labels = [r.strip() for r in args.routers.split(",") if r.strip()]
     unknown = [r for r in labels if r not in ROUTERS]

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import command_line, machine
+from benchmarks.report import command_line, machine, output_path
 from llm_epp.framework import EndpointKey
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.kvcache.events import DecodeStats, decode_batch
@@ -637,7 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart", type=Restart.parse, default=None, help="STAGE:POD[+POD...]")
     ap.add_argument("--no-routing", action="store_true")
     ap.add_argument("--no-index", action="store_true")
-    ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--output", type=Path, help="result directory (default results; with --smoke a temporary directory)"
+    )
     ap.add_argument("--name", default="precise", help="result file name (NAME.md, NAME.json) under --output")
     ap.add_argument(
         "--combine",
@@ -648,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     args.argv = argv
+    args.output = output_path(args.output, RESULTS, args.smoke)
     if args.combine:
         return combine(args)
     if args.smoke:

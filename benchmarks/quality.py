@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overload import KV_HEADROOM
-from benchmarks.report import command_line, machine
+from benchmarks.report import command_line, machine, output_path
 from benchmarks.stats import fmt_interval, t_interval
 from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
 from llm_epp.sim.profiles import Profile, get_profile
@@ -676,7 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--select-seeds", default="42", help="seeds of the --select runs (default 42)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--best-config", help="EndpointPickerConfig file for the 'llm-epp best' router")
-    p.add_argument("--output", default=str(RESULTS), help="directory for quality.md/.json/.png")
+    p.add_argument(
+        "--output", help="directory for quality.md/.json/.png (default results; with --smoke a temporary directory)"
+    )
     args = p.parse_args(argv)
     command = command_line("benchmarks.quality", argv)
 
@@ -710,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [
             anchor_scenario(n, ladder_for(n) if args.ladder == "auto" else ladders[args.ladder]) for n in sizes
         ]
-    out_dir = Path(args.output)
+    out_dir = output_path(args.output, RESULTS, args.smoke)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     print(f"{command}\nseeds {args.seeds}; jobs {args.jobs}; {machine()}", file=sys.stderr)

@@ -6,12 +6,27 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "command_line", "machine"]
+__all__ = ["ROOT", "command_line", "machine", "output_path"]
+
+
+def output_path(given: str | Path | None, default: Path, smoke: bool) -> Path:
+    """Where a benchmark writes its report: `given` (its --output) when set; else `default` (the committed
+    results), except for a --smoke run, whose report goes to a fresh temporary directory (under the same
+    file name when `default` names a file) so that a smoke run never overwrites committed results."""
+    if given is not None:
+        return Path(given)
+    if not smoke:
+        return default
+    tmp = Path(tempfile.mkdtemp(prefix="llm-epp-smoke-"))
+    out = tmp / default.name if default.suffix else tmp
+    print(f"smoke run without --output: report in {out}", file=sys.stderr)
+    return out
 
 
 def machine() -> str:

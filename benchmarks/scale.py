@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import scheduler_cost, scrape_cost
+from benchmarks.report import output_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -28,9 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="shorter runs (~2 min)")
     size.add_argument("--smoke", action="store_true", help="tiny runs (seconds)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output", default=str(RESULTS), help="directory for the reports (default benchmarks/results)")
+    p.add_argument(
+        "--output", help="directory for the reports (default benchmarks/results; with --smoke a temporary directory)"
+    )
     args = p.parse_args(argv)
-    out = Path(args.output)
+    out = output_path(args.output, RESULTS, args.smoke)
     out.mkdir(parents=True, exist_ok=True)
     mode = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     print(f"[scale] scheduler cost {' '.join(mode)} (seed {args.seed})", file=sys.stderr, flush=True)

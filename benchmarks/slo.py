@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.report import output_path
 from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.sim.cluster import Cluster, RequestResult, TraceRequest, percentile
 from llm_epp.sim.profiles import get_profile
@@ -308,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-concurrency", type=int, help="flow control: in-flight requests per pod (default 24)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
     ap.add_argument("--smoke", action="store_true", help="tiny profile, a few seconds (for make bench-smoke)")
-    ap.add_argument("--output", default=str(RESULTS), help="markdown report (a .json with the rows beside it)")
+    ap.add_argument(
+        "--output",
+        help="markdown report, a .json with the rows beside it (default results/slo.md; with --smoke a temporary "
+        "directory)",
+    )
     args = ap.parse_args(argv)
     scenario = SMOKE if args.smoke else FULL
     for field_name in ("duration", "batch_rate", "interactive_rate", "ttft_slo_ms", "max_concurrency"):
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             outcomes.append(o)
-    out = Path(args.output)
+    out = output_path(args.output, RESULTS, args.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report(scenario, outcomes, seeds))
     out.with_suffix(".json").write_text(
