@@ -11,6 +11,8 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, mul
 
 from llm_epp.framework import (
     CycleState,
@@ -85,7 +87,11 @@ class SchedulerProfile:
         self, cycle: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
     ) -> tuple[list[ScoredEndpoint], ScoreBreakdown]:
         rec = self._recorder
-        totals = dict.fromkeys([e.key for e in candidates], 0.0)
+        keys = [e.key for e in candidates]
+        # Running totals in candidate order; each scorer adds score x weight in C (map over dict.get), not
+        # through a comprehension per scorer. Candidates sharing a key get the same (identical) total.
+        sums = [0.0] * len(keys)
+        no_score = repeat(0.0)
         parts: list[tuple[str, float, Mapping[EndpointKey, float]]] = []
         for ws in self.scorers:
             scorer = ws.scorer
@@ -102,10 +108,10 @@ class SchedulerProfile:
             if not _all_in_range(scores):
                 scores = self._clamped(scorer, scores)
             weight = ws.weight
-            get = scores.get
-            totals = {key: total + get(key, 0.0) * weight for key, total in totals.items()}
+            sums = list(map(add, sums, map(mul, map(scores.get, keys, no_score), repeat(weight))))
             parts.append((scorer.typed_name.name, weight, scores))
-        return [ScoredEndpoint(e, totals[e.key]) for e in candidates], ScoreBreakdown(totals, parts)
+        totals = dict(zip(keys, sums, strict=True))
+        return list(map(ScoredEndpoint, candidates, sums)), ScoreBreakdown(totals, parts)
 
     def _clamped(self, scorer: Scorer, scores: Mapping[EndpointKey, float]) -> dict[EndpointKey, float]:
         out = {}
@@ -166,15 +172,15 @@ class ScoreBreakdown(Mapping[EndpointKey, Mapping[str, float]]):
 
 
 def _all_in_range(scores: Mapping[EndpointKey, float]) -> bool:
-    """True when every score is a number in [0, 1] (min, max and fsum run in C; NaN makes fsum NaN)."""
-    if not scores:
-        return True
-    values = scores.values()
+    """True when every score is a number in [0, 1] (NaN, and anything that does not compare with floats,
+    is not)."""
     try:
-        total = math.fsum(values)
-        return total == total and min(values) >= 0.0 and max(values) <= 1.0
-    except (TypeError, ValueError, OverflowError):  # not numbers, inf - inf, overflow: take the slow path
+        for value in scores.values():
+            if not 0.0 <= value <= 1.0:
+                return False
+    except (TypeError, ValueError, ArithmeticError):  # not numbers: take the slow path
         return False
+    return True
 
 
 def _clamp(value: float) -> float:

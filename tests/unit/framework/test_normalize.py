@@ -66,3 +66,22 @@ def test_inverse_min_max_stays_in_unit_interval() -> None:
     assert all(0.0 <= v <= 1.0 for v in out.values())
     assert out[1] == 1.0
     assert out[3] == 0.0
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"a": 1.0, "b": math.inf, "c": 3.0},
+        {"a": math.nan, "b": 2.0},
+        {"a": math.inf, "b": -math.inf, "c": 0.5},
+        {"a": 1e308, "b": 1e308, "c": 1.0},  # finite values whose sum overflows
+        {"a": 2.0, "b": 2.0, "c": math.nan},
+        {},
+    ],
+    ids=["inf", "nan", "both-infinities", "sum-overflows", "equal-and-nan", "empty"],
+)
+def test_inverse_min_max_with_non_finite_values_matches_the_per_value_rule(values: dict[str, float]) -> None:
+    finite = [v for v in values.values() if math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    want = {k: 0.0 if not math.isfinite(v) else (1.0 if hi == lo else (hi - v) / (hi - lo)) for k, v in values.items()}
+    assert inverse_min_max(values) == want

@@ -7,11 +7,13 @@ import asyncio
 import math
 import random
 from collections.abc import Sequence
+from decimal import Decimal
 
 import pytest
 
 from llm_epp.framework import CycleState, Filter, ProfileResult, StateKey
 from llm_epp.scheduling import SchedulerProfile, WeightedScorer
+from llm_epp.scheduling.profile import _all_in_range
 from tests.unit.builders import (
     FakeFilter,
     FakePicker,
@@ -390,3 +392,23 @@ def test_extreme_scores_take_the_clamping_path(raw: dict[str, float]) -> None:
     totals = {k.name: v["total"] for k, v in result.scores.items()}
     assert totals == {"a": 1.0, "b": 0.0} if "b" in raw and raw["b"] < 0 else {"a": 1.0, "b": 1.0}
     assert len(recorder.out_of_range) == 2
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        ({}, True),
+        ({"a": 0.0, "b": 1.0, "c": 0.5}, True),
+        ({"a": 0.5, "b": 1.5}, False),
+        ({"a": -0.1}, False),
+        ({"a": float("nan")}, False),
+        ({"a": float("inf")}, False),
+        ({"a": "0.5"}, False),
+        ({"a": None}, False),
+        ({"a": Decimal("NaN")}, False),
+        ({"a": Decimal("0.5"), "b": True}, True),
+    ],
+    ids=["empty", "bounds", "above", "below", "nan", "inf", "str", "none", "decimal-nan", "decimal-and-bool"],
+)
+def test_all_in_range(scores: dict[str, object], expected: bool) -> None:
+    assert _all_in_range(scores) is expected  # type: ignore[arg-type]

@@ -49,6 +49,8 @@ class MaxScorePicker:
                 total = math.nan
             if total == total:  # no NaN: compare raw scores (the common, fast path)
                 best = max(values)
+                if values.count(best) == 1:  # a single best: no tie to break, no list of the tied
+                    return ProfileResult((scored[values.index(best)].endpoint,))
                 top = [s for s in scored if s.score == best]
             else:
                 best = max(_rank(s) for s in scored)
