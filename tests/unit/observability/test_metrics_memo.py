@@ -39,6 +39,10 @@ class _Unremembering(PrometheusRecorder):
         self._forget_memos()
         return super()._model(model)
 
+    def scheduler_attempt(self, success: bool, target_model: str, pod_name: str, namespace: str, port: str) -> None:
+        self._forget_memos()
+        super().scheduler_attempt(success, target_model, pod_name, namespace, port)
+
 
 class _Versioned:
     """A known-models set that tells when it changes."""
@@ -166,11 +170,27 @@ def test_a_model_becoming_known_is_labelled_at_once_through_the_live_source() ->
     assert get(total, {"model_name": "lora-x", "target_model_name": "lora-x", "priority": "0"}) == 1
 
 
+def test_an_attempt_for_a_model_becoming_known_is_labelled_at_once() -> None:
+    store = ObjectivesStore(ObjectivesConfig())
+    snapshot = [(_endpoint(frozenset()),)]
+    rec = PrometheusRecorder(CollectorRegistry(), known_models=ConfiguredAndServedModels(store, lambda: snapshot[0]))
+    rec.scheduler_attempt(True, "lora-x", "pod", "ns", "8000")
+    rec.scheduler_attempt(True, "lora-x", "pod", "ns", "8000")  # remembered as `other`
+    snapshot[0] = (_endpoint(frozenset({"lora-x"})),)  # a pod loads the adapter
+    rec.scheduler_attempt(True, "lora-x", "pod", "ns", "8000")
+    get = rec.registry.get_sample_value
+    attempts = "inference_extension_scheduler_attempts_total"
+    labels = {"status": "success", "pod_name": "pod", "namespace": "ns", "port": "8000"}
+    assert get(attempts, {**labels, "target_model_name": "other"}) == 2
+    assert get(attempts, {**labels, "target_model_name": "lora-x"}) == 1
+
+
 def test_memos_stay_bounded_under_invented_names() -> None:
     rec = PrometheusRecorder(CollectorRegistry(), known_models=frozenset({"m"}))
     for i in range(10_000):
         rec.request_scheduled(f"invented-{i}", f"invented-{i}", 0)
-    assert len(rec._series_memo) <= 4096 and len(rec._other_models) <= 4096
+        rec.scheduler_attempt(True, f"invented-{i}", "pod", "ns", "8000")
+    assert len(rec._series_memo) <= 4096 and len(rec._other_models) <= 4096 and len(rec._attempt_memo) <= 4096
     assert (
         rec.registry.get_sample_value(
             "inference_objective_request_total", {"model_name": "other", "target_model_name": "other", "priority": "0"}
