@@ -29,8 +29,9 @@ Routers:
 * ``llm-epp kv-headroom + prefix home``: the detector's ``keepPrefixHome``.
 
 Figures from the requests arriving after ``--skip`` seconds: completions per second in the measured window
-(and output tokens/s), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per finished request,
-time queued at the EPP (flow control's own account), and 429/503 counts.
+(and output tokens/s), the prompt tokens the pods had to compute for them (prompt minus cached, per second and
+per request: what prefix sharing saved), TTFT and per-request mean ITL p50/p90/p99 per tenant, preemptions per
+finished request, time queued at the EPP (flow control's own account), and 429/503 counts.
 
     python -m benchmarks.overload                       # 1.5x and 3x, 180 s each, all routers (~30 min)
     python -m benchmarks.overload --smoke               # seconds: tiny profile and workload (tests)
@@ -187,6 +188,10 @@ class TenantRow:
     rejected_429: int
     expired_503: int
     other_failed: int
+    prefill_tokens_per_s: float = 0.0
+    """Prompt tokens the pods computed (prompt minus cached) for the requests completed in the window, per second."""
+    uncached_prompt_per_request: float = 0.0
+    """The same per completed request."""
 
 
 @dataclass
@@ -260,6 +265,7 @@ def run(
         arrived = [r for r in mine if lo <= r.arrival <= hi]
         served = [r for r in arrived if not r.failed]
         done = [r for r in mine if not r.failed and lo <= r.finish <= hi]
+        computed = sum(r.prompt_tokens - r.cached_tokens for r in done)
         waited = queue.waited[tenant]
         share = FLOOD_SHARE if tenant == "flood" else 1.0 - FLOOD_SHARE
         out.rows.append(
@@ -278,6 +284,8 @@ def run(
                 rejected_429=sum(1 for r in arrived if r.status == 429),
                 expired_503=sum(1 for r in arrived if r.status == 503),
                 other_failed=sum(1 for r in arrived if r.failed and r.status not in (429, 503)),
+                prefill_tokens_per_s=computed / window,
+                uncached_prompt_per_request=computed / max(len(done), 1),
             )
         )
     out.wall_seconds = time.perf_counter() - started
@@ -299,9 +307,9 @@ def _f(v: float, digits: int = 2) -> str:
 
 def table(runs: Sequence[RunResult]) -> list[str]:
     lines = [
-        "| load | router | tenant | offered/s | measured | done/s | out tok/s | TTFT p50/p90/p99 s | "
-        "ITL p50/p90/p99 ms | preempt/req | queued at EPP p50/p99 s | 429 | 503 |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| load | router | tenant | offered/s | measured | done/s | out tok/s | prompt tok computed/s (per req) | "
+        "TTFT p50/p90/p99 s | ITL p50/p90/p99 ms | preempt/req | queued at EPP p50/p99 s | 429 | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run_ in runs:
         for r in run_.rows:
@@ -309,7 +317,8 @@ def table(runs: Sequence[RunResult]) -> list[str]:
             itl = "/".join(_f(v * 1000, 1) for v in r.itl)
             lines.append(
                 f"| {r.factor:g}x | {r.router} | {r.tenant} | {_f(r.offered)} | {r.measured} | "
-                f"{_f(r.completion_rate)} | {_f(r.output_tokens_per_s, 0)} | {ttft} | {itl} | "
+                f"{_f(r.completion_rate)} | {_f(r.output_tokens_per_s, 0)} | "
+                f"{_f(r.prefill_tokens_per_s, 0)} ({_f(r.uncached_prompt_per_request, 0)}) | {ttft} | {itl} | "
                 f"{_f(r.preemptions_per_request)} | {_f(r.queued[0])}/{_f(r.queued[1])} | {r.rejected_429} | "
                 f"{r.expired_503} |"
             )
@@ -318,8 +327,9 @@ def table(runs: Sequence[RunResult]) -> list[str]:
 
 def totals(runs: Sequence[RunResult]) -> list[str]:
     lines = [
-        "| load | router | done/s (both tenants) | vs reference default | preempt/req | ITL p50 ms (flood) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| load | router | done/s (both tenants) | vs reference default | prompt tok computed/s | preempt/req | "
+        "ITL p50 ms (flood) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     base = {r.factor: sum(t.completion_rate for t in r.rows) for r in runs if r.router == "reference default"}
     for run_ in runs:
@@ -329,7 +339,8 @@ def totals(runs: Sequence[RunResult]) -> list[str]:
         ref = base.get(run_.factor)
         vs = f"{(done / ref - 1) * 100:+.1f}%" if ref else "n/a"
         itl = _f(run_.rows[1].itl[0] * 1000, 1)
-        lines.append(f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {_f(pre)} | {itl} |")
+        computed = _f(sum(t.prefill_tokens_per_s for t in run_.rows), 0)
+        lines.append(f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {computed} | {_f(pre)} | {itl} |")
     return lines
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.overload import ROUTERS, TENANTS
+from benchmarks.overload import ROUTERS, SMOKE, TENANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         for line in text.splitlines()
         if line.startswith(("| 1.5x", "| 3x"))
     ]
-    detail = [r for r in rows if len(r) == 13]
-    summary = [r for r in rows if len(r) == 6]
+    detail = [r for r in rows if len(r) == 14]
+    summary = [r for r in rows if len(r) == 7]
     assert [(r[0], r[1], r[2]) for r in detail] == [
         (load, router, tenant) for load in ("1.5x", "3x") for router in ROUTERS for tenant in TENANTS
     ]
@@ -41,7 +41,14 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
     for r in detail:
         assert int(r[4]) > 0, "requests were measured"
         assert float(r[5].replace(",", "")) >= 0
-        assert int(r[11]) >= 0 and int(r[12]) >= 0
+        # prompt tokens the pods computed: per second = per completed request x completions per second (both
+        # printed rounded), and never more per request than a whole prompt
+        computed, per_request = (float(v.replace(",", "")) for v in r[7].rstrip(")").split(" ("))
+        done = float(r[5].replace(",", ""))
+        assert 0 <= per_request <= SMOKE.system_prompt_len + SMOKE.question_len
+        assert abs(computed - per_request * done) <= 0.5 * done + 0.5
+        assert (computed > 0) == (done > 0)
+        assert int(r[12]) >= 0 and int(r[13]) >= 0
     # the JSON list feeds the means over seeds: one row per load and router, paired against the reference
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.overload", "--summarize", str(tmp_path / "overload.json")],
