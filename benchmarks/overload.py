@@ -21,7 +21,10 @@ Routers:
   (``utilization-detector``: queue depth 5, KV 0.8; TTL 60 s; strict priority, global-strict fairness);
 * ``llm-epp kv-headroom``: the same flow control with ``kv-cache-headroom-detector`` as the saturation
   detector and as a filter in the profile (dispatch only where the predicted KV peak fits), at its defaults:
-  affinity-aware dispatch (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10) and ``overcommit`` 0.10;
+  affinity-aware dispatch (``dispatchWindow`` 16, ``dispatchMaxWaitSeconds`` 10, ``dispatchGroups``) and
+  ``overcommit`` 0.10;
+* ``llm-epp kv-headroom (window only)``: the same with ``dispatchGroups: false`` (no request of a prefix
+  group in flight is looked at beyond the window);
 * ``llm-epp kv-headroom (no overcommit)``: the same with ``overcommit: 0`` (the predicted peak stays within
   each pod's KV capacity);
 * ``llm-epp kv-headroom (in-order dispatch)``: the same with ``dispatchWindow: 0`` (flow control releases
@@ -102,6 +105,10 @@ KV_IN_ORDER = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {dispatchWindow: 0}\n",
 )
+KV_WINDOW_ONLY = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {dispatchGroups: false}\n",
+)
 KV_NO_OVERCOMMIT = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {overcommit: 0}\n",
@@ -111,6 +118,7 @@ ROUTERS: dict[str, str | None] = {
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
+    "llm-epp kv-headroom (window only)": KV_WINDOW_ONLY,
     "llm-epp kv-headroom (no overcommit)": KV_NO_OVERCOMMIT,
     "llm-epp kv-headroom (in-order dispatch)": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,

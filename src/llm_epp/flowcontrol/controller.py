@@ -41,7 +41,7 @@ from llm_epp.flowcontrol.eviction import (
 )
 from llm_epp.flowcontrol.queues import DISPATCHED, FINISHED, QUEUED, Band, FlowQueue, Item
 from llm_epp.framework.errors import EppError, ErrorCode
-from llm_epp.framework.flowcontrol import DispatchAffinity, SaturationDetector
+from llm_epp.framework.flowcontrol import DispatchAffinity, DispatchGroups, SaturationDetector
 from llm_epp.framework.flowpolicy import FlowKey
 from llm_epp.framework.types import Endpoint, InferenceRequest
 
@@ -147,8 +147,11 @@ class FlowController:
         self._regime: bool | None = None  # whether the pool had endpoints when last looked at
         self._clock = clock
         self.affinity: DispatchAffinity | None = None
+        self.groups: DispatchGroups | None = None
         if isinstance(saturation, DispatchAffinity) and saturation.dispatch_window > 0:
             self.affinity = saturation
+            if isinstance(saturation, DispatchGroups):
+                self.groups = saturation
         self.evictor: RequestEvictor | None = None
         self.reclamation: Reclamation | None = None
         if config.eviction is not None:
@@ -201,6 +204,8 @@ class FlowController:
         item = Item(request, key, now, received_at if received_at is not None else now, ttl or None, future)
         if self.affinity is not None:
             item.affinity = self.affinity.affinity_key(request)
+            if self.groups is not None:
+                item.group = self.groups.group_key(item.affinity)
         band.add(item)
         self.length += 1
         self.bytes += item.size_bytes
@@ -420,17 +425,53 @@ class FlowController:
             if item.in_window_since is None:
                 item.in_window_since = now
             since.append(item.in_window_since)
+        candidates = window
+        if self.groups is not None and q.group_count:
+            try:
+                mates = self._group_mates(q, window)
+            except Exception:
+                q.restore(window)
+                raise
+            if mates:
+                candidates = window + mates
+                since.extend([now] * len(mates))  # never released by age: they are not among the first
         try:
-            fits = [affinity.placement(item.affinity, endpoints) for item in window]
+            fits = [affinity.placement(item.affinity, endpoints) for item in candidates]
         except Exception:
             q.restore(window)  # a failing detector loses no request; the cycle logs it and retries
             raise
         placements = [f[0] for f in fits]
         costs = [f[1] for f in fits]
         chosen = choose(placements, since, now, affinity.dispatch_max_wait, costs, saturated=saturated)
-        picked = window.pop(chosen) if chosen is not None else None
+        picked: Item | None = None
+        if chosen is not None and chosen >= len(window):
+            picked = candidates[chosen]
+            q.remove(picked)
+        elif chosen is not None:
+            picked = window.pop(chosen)
         q.restore(window)
         return picked
+
+    def _group_mates(self, q: FlowQueue, window: list[Item]) -> list[Item]:
+        """The oldest queued request of each prefix group in flight now, beyond the window (at most the
+        window's size of them: grouped dispatch at most doubles the placements asked per cycle)."""
+        groups = self.groups
+        assert groups is not None
+        hot = groups.hot_groups()
+        mine = q.groups()
+        if len(hot) > len(mine):
+            hot, mine = mine, hot
+        skip = {item.seq for item in window}
+        most = len(window)  # the window is full when anything lies beyond it
+        mates: list[Item] = []
+        for group in hot:
+            if group in mine:
+                item = q.group_head(group, skip)
+                if item is not None:
+                    mates.append(item)
+                    if len(mates) >= most:
+                        break
+        return mates
 
     def _maybe_reclaim(self, saturation: float, priorities: list[int], ceilings: list[float], first: int) -> None:
         """The cycle stopped at band `first`: evict for the highest blocked band that has queued requests of a

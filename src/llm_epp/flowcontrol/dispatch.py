@@ -18,6 +18,12 @@ only step 2 applies: a request that fits at its home on its real size (often a f
 as its prefix is already there) is still released; the age rule does not force anything out then (it would
 overflow an endpoint).
 
+With grouped dispatch (a detector that also implements `DispatchGroups`), the controller appends to the
+window, for each prefix group with requests in flight, the oldest queued request of that group in the flow
+(at most K of them). They compete in steps 2-4 like the others, never in step 1: they are not among
+the first K, so their wait does not count. A group's requests then reach their home while its prefix is held
+there, instead of one at a time, each after the prefix has been evicted.
+
 Priority bands and fairness between flows are untouched: the window is inside the flow the band's fairness
 policy picked, and a band holding its requests stops the cycle as a saturated band does, so a lower band
 never overtakes it. TTLs run as always.

@@ -7,7 +7,7 @@ import asyncio
 import copy
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from llm_epp.flowcontrol.config import BandConfig
 from llm_epp.framework.flowpolicy import FlowKey, FlowQueueView, OrderingPolicy
@@ -25,6 +25,7 @@ class Item:
         "affinity",
         "enqueued_at",
         "future",
+        "group",
         "in_window_since",
         "key",
         "received_at",
@@ -57,6 +58,8 @@ class Item:
         self.seq = next(_seq)
         self.affinity: object = None
         """The saturation detector's affinity key (affinity-aware dispatch only)."""
+        self.group: object = None
+        """The detector's prefix group (grouped dispatch only; None: no group)."""
         self.in_window_since: float | None = None
         """When the request first was among the first requests affinity-aware dispatch looks at."""
 
@@ -87,6 +90,7 @@ class FlowQueue:
         self._heap: list[_Entry] = []
         self._len = 0
         self.bytes = 0
+        self._groups: dict[object, dict[int, Item]] = {}  # prefix group -> its queued items, oldest first
 
     @property
     def key(self) -> FlowKey:
@@ -111,6 +115,39 @@ class FlowQueue:
         heapq.heappush(self._heap, _Entry(item, self._ordering))
         self._len += 1
         self.bytes += item.size_bytes
+
+    def add(self, item: Item) -> None:
+        """Queues a new item (and indexes it by its prefix group)."""
+        self.push(item)
+        if item.group is not None:
+            self._groups.setdefault(item.group, {})[item.seq] = item
+
+    def unindex(self, item: Item) -> None:
+        """Forgets an item that left the queue (released, expired or cancelled) from its group's index."""
+        group = item.group
+        if group is None:
+            return
+        members = self._groups.get(group)
+        if members is not None:
+            members.pop(item.seq, None)
+            if not members:
+                del self._groups[group]
+
+    def group_head(self, group: object, skip: Collection[int] = ()) -> Item | None:
+        """The oldest queued item of `group` whose `seq` is not in `skip`, or None."""
+        members = self._groups.get(group)
+        if members:
+            for seq, item in members.items():
+                if seq not in skip:
+                    return item
+        return None
+
+    @property
+    def group_count(self) -> int:
+        return len(self._groups)
+
+    def groups(self) -> Collection[object]:
+        return self._groups.keys()
 
     def _settle_head(self) -> None:
         heap = self._heap
@@ -197,7 +234,7 @@ class Band:
         return q
 
     def add(self, item: Item) -> None:
-        self.flow(item.key).push(item)
+        self.flow(item.key).add(item)
         self.length += 1
         self.bytes += item.size_bytes
 
@@ -206,5 +243,7 @@ class Band:
         self.length -= 1
         self.bytes -= item.size_bytes
         q = self.flows.get(item.key.id)
-        if q is not None and not len(q):
-            del self.flows[item.key.id]
+        if q is not None:
+            q.unindex(item)
+            if not len(q):
+                del self.flows[item.key.id]

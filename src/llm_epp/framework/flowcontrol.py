@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
 from llm_epp.framework.plugin import TypedName
@@ -56,3 +56,18 @@ class DispatchAffinity(Protocol):
     def affinity_key(self, request: InferenceRequest) -> object: ...
 
     def placement(self, key: object, endpoints: Sequence[Endpoint]) -> tuple[Placement, float]: ...
+
+
+@runtime_checkable
+class DispatchGroups(Protocol):
+    """Optional for a `DispatchAffinity` detector: lets flow control release a queued request from anywhere in
+    its flow's queue (not only the first `dispatch_window`) when requests of its prefix group are in flight.
+
+    `group_key` names the request's prefix group (requests that share the group's leading prefix; None: no
+    group), once per queued request; `hot_groups` the groups of the requests in flight now. On every dispatch
+    cycle the oldest queued request of each hot group in the picked flow joins the window as a candidate for
+    release at its home (never by age)."""
+
+    def group_key(self, key: object) -> Hashable | None: ...
+
+    def hot_groups(self) -> Collection[Hashable]: ...

@@ -285,3 +285,35 @@ def test_overcommit_out_of_range_is_refused_with_its_bounds(bad: float) -> None:
     with pytest.raises(ValidationError, match="overcommit"):
         Params.model_validate({"overcommit": bad})
     assert Params().overcommit == 0.1 and Params().headroom == 0.0
+
+
+def test_prefix_groups_in_flight_are_counted_until_their_requests_end() -> None:
+    det = factory("kv", Params(), FakeHandle())
+    home = _ep("a")
+    assert det.dispatch_groups and not det.hot_groups()
+    first, second = _prompted(SYSTEM + "first question"), _prompted(SYSTEM + "second question")
+    group = det.group_key(det.affinity_key(_prompted(SYSTEM + "third question")))
+    assert group is not None, "a prompt of 36 blocks has a group: its first 16 blocks"
+    assert group == det.group_key(det.affinity_key(second))
+    assert det.group_key(det.affinity_key(_prompted("Something else entirely. " * 100))) != group
+    short = det.group_key(det.affinity_key(_prompted("Hi there. " * 20)))
+    assert short is not None and short != group, "a prompt shorter than a group is a group of its own"
+    assert det.group_key(det.affinity_key(_prompted("Hi"))) is None, "less than a block: no group"
+    cycles = []
+    for req in (first, second):
+        match = PrefixMatch(hash_prompt(req, 16, 256), {}, 16)
+        cycle = CycleState()
+        cycle.write(PREFIX_MATCH_KEY, match)
+        det.pre_request(cycle, req, SchedulingResult({"default": ProfileResult((home,))}, "default"))
+        cycles.append(cycle)
+    assert list(det.hot_groups()) == [group]
+    det.response_complete(cycles[0], first, ResponseInfo(status=200, complete=True), home)
+    assert list(det.hot_groups()) == [group], "the second request still holds the group"
+    det.response_complete(cycles[1], second, ResponseInfo(status=0, complete=False), home)
+    assert not det.hot_groups()
+
+
+def test_prefix_groups_can_be_turned_off() -> None:
+    det = factory("kv", Params(dispatchGroups=False), FakeHandle())
+    assert det.group_key(det.affinity_key(_prompted(SYSTEM + "question"))) is None
+    assert Params().dispatch_groups is True

@@ -60,6 +60,11 @@ Configuration:
         queue order, as upstream flow control does.
     dispatchMaxWaitSeconds (float > 0, default 10): a request that has been among those first requests this
         long is released first, wherever its prefix is (no request starves for its affinity).
+    dispatchGroups (bool, default true): grouped dispatch. While requests of a prefix group (requests whose
+        first 16 prefix blocks, 256 tokens at the producer's default block size, are the same) are in flight,
+        the oldest queued request of that group in the picked flow is looked at too, from anywhere in the
+        queue (at most `dispatchWindow` such requests per cycle; never released by age), so a group's
+        requests reach their home while its prefix is held there, not one at a time as they reach the front.
 
     saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
@@ -69,7 +74,7 @@ Configuration:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -98,6 +103,14 @@ TYPE = "kv-cache-headroom-detector"
 
 _EWMA = 0.1  # weight of each new observation in the calibrated estimates
 
+GROUP_BLOCKS = 16
+"""A prefix group: requests whose first GROUP_BLOCKS blocks (256 tokens at the producer's default block size)
+are the same, or whose whole prompt is, if shorter."""
+
+
+def _group(hashes: Sequence[int]) -> int | None:
+    return hashes[min(len(hashes), GROUP_BLOCKS) - 1] if hashes else None
+
 
 class Params(PluginParams):
     headroom: float = Field(default=0.0, ge=0.0, lt=0.5, allow_inf_nan=False)
@@ -110,6 +123,7 @@ class Params(PluginParams):
     keep_prefix_home: bool = Field(default=False, alias="keepPrefixHome")
     dispatch_window: int = Field(default=16, ge=0, le=64, alias="dispatchWindow")
     dispatch_max_wait: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
+    dispatch_groups: bool = Field(default=True, alias="dispatchGroups")
 
 
 @dataclass(slots=True)
@@ -161,6 +175,7 @@ class KvCacheHeadroomDetector:
         dispatch_window: int = 0,
         dispatch_max_wait: float = 10.0,
         overcommit: float = 0.0,
+        dispatch_groups: bool = False,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
         self._handle = handle
@@ -170,6 +185,8 @@ class KvCacheHeadroomDetector:
         self.keep_prefix_home = keep_prefix_home
         self._dispatch_window = dispatch_window
         self._dispatch_max_wait = dispatch_max_wait
+        self.dispatch_groups = dispatch_groups
+        self._hot: dict[int, int] = {}  # prefix group of requests in flight -> how many
         self._hasher = BlockHasher()
         self._block_size = DEFAULT_BLOCK_SIZE_TOKENS  # the prefix producer's, learnt from its matches
         self._inflight: dict[EndpointKey, dict[int, _InFlight]] = {}
@@ -289,6 +306,14 @@ class KvCacheHeadroomDetector:
             queued.hashes = self._hasher(queued.request, size, DEFAULT_MAX_PREFIX_BLOCKS)
         return queued.hashes
 
+    def group_key(self, key: object) -> int | None:
+        if not self.dispatch_groups or not isinstance(key, _Queued):
+            return None
+        return _group(self._queued_hashes(key))
+
+    def hot_groups(self) -> Collection[int]:
+        return self._hot.keys()
+
     def _homes(self, hashes: Sequence[int], endpoints: Sequence[Endpoint]) -> tuple[int, list[Endpoint]]:
         """The most leading blocks of `hashes` held by requests in flight on one endpoint, and the endpoints
         holding that many."""
@@ -377,6 +402,9 @@ class KvCacheHeadroomDetector:
             held = self._held.setdefault(key, {})
             for h in hashes:
                 held[h] = held.get(h, 0) + 1
+            group = _group(hashes)
+            assert group is not None
+            self._hot[group] = self._hot.get(group, 0) + 1
         if self.typical_prompt:
             self.typical_prompt += _EWMA * (prompt - self.typical_prompt)
         else:
@@ -418,6 +446,13 @@ class KvCacheHeadroomDetector:
                     held.pop(h, None)
             if not held:
                 del self._held[entry.endpoint]
+        group = _group(entry.hashes)
+        if group is not None:
+            n = self._hot.get(group, 0) - 1
+            if n > 0:
+                self._hot[group] = n
+            else:
+                self._hot.pop(group, None)
         usage = info.usage
         if usage is None or not info.complete:
             return
@@ -455,4 +490,5 @@ def factory(name: str, params: Params, handle: Handle) -> KvCacheHeadroomDetecto
         params.dispatch_window,
         params.dispatch_max_wait,
         params.overcommit,
+        params.dispatch_groups,
     )
