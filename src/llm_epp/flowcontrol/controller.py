@@ -12,10 +12,11 @@ ends (`notify`), on enqueue, and every `poll_interval` seconds while requests wa
 
 With a saturation detector that implements `DispatchAffinity` (window > 0), the picked flow's request is
 chosen among its first requests by where their prefixes are held (`dispatch.py`); otherwise, and always with
-upstream's detectors, strictly the first. With such a detector, a band whose ceiling is 1.0 and which the
-saturation reaches may still release a request that fits where its prefix is held (on its real size, not a
-typical request's); if none does it stops the cycle as any blocked band (its fairness turn unchanged), and an
-empty one does not stop it.
+upstream's detectors, strictly the first. A detector that also implements `DispatchGroups` adds to that window
+the oldest queued request of each prefix group it has in flight (grouped dispatch). With such a detector, a
+band whose ceiling is 1.0 and which the saturation reaches may still release a request that fits where its
+prefix is held (on its real size, not a typical request's); if none does it stops the cycle as any blocked
+band (its fairness turn unchanged), and an empty one does not stop it.
 
 With eviction on (`config.eviction`), a cycle stopped by a blocked band also asks the reclamation whether to
 evict dispatched lower-priority requests for it (`eviction.py`).
@@ -457,15 +458,13 @@ class FlowController:
         window's size of them: grouped dispatch at most doubles the placements asked per cycle)."""
         groups = self.groups
         assert groups is not None
-        hot = groups.hot_groups()
-        mine = q.groups()
-        if len(hot) > len(mine):
-            hot, mine = mine, hot
+        hot, queued = groups.hot_groups(), q.groups()
+        small, large = (hot, queued) if len(hot) <= len(queued) else (queued, hot)
         skip = {item.seq for item in window}
         most = len(window)  # the window is full when anything lies beyond it
         mates: list[Item] = []
-        for group in hot:
-            if group in mine:
+        for group in small:
+            if group in large:
                 item = q.group_head(group, skip)
                 if item is not None:
                     mates.append(item)
