@@ -5,15 +5,20 @@ together and share the prefix there."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Collection, Hashable
+
+import pytest
 
 from llm_epp.flowcontrol import FlowController
 from llm_epp.flowcontrol.controller import FlowControlRejected
 from llm_epp.framework.flowcontrol import DispatchGroups, Placement
 from llm_epp.plugins.flowcontrol.round_robin_fairness_policy import RoundRobinFairnessPolicy
-from tests.unit.builders import endpoint
+from llm_epp.plugins.scheduling.kv_cache_headroom_detector import Params, factory
+from tests.unit.builders import FakeHandle, endpoint
 from tests.unit.flowcontrol.support import Order, config, req, settle_loop
 from tests.unit.flowcontrol.test_dispatch import Affine, Clock, _controller, _queue, _release
+from tests.unit.plugins.test_kv_cache_headroom_detector import SYSTEM, _ep, _hold, _prompted
 
 FITS, NONE, FULL = Placement.HOME_FITS, Placement.NO_HOME, Placement.HOME_FULL
 
@@ -185,3 +190,33 @@ async def test_a_detector_with_groups_off_indexes_nothing() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize("groups", [True, False])
+async def test_with_the_real_detector_a_saturated_pool_releases_a_request_whose_prompt_is_in_flight(
+    groups: bool,
+) -> None:
+    det = factory("kv", Params(dispatchWindow=2, dispatchGroups=groups), FakeHandle())
+    home = _ep("a", kv=0.1)
+    fc = FlowController(config(), det, lambda: [home], poll_interval=0.01)
+    _hold(det, _prompted(SYSTEM + "first question"), home)  # the system prompt is in flight on `a`
+    det.typical_prompt = 20_000.0  # a typical request no longer fits anywhere: only a fit at home may go
+    order = Order(fc)
+    prompts = {
+        "stranger-1": "Something else entirely. " * 100,
+        "stranger-2": "Another topic altogether. " * 100,
+        "mate": SYSTEM + "third question",
+    }
+    requests = [dataclasses.replace(_prompted(text), request_id=rid) for rid, text in prompts.items()]
+    tasks = [asyncio.create_task(order.run(r, settle=False)) for r in requests]
+    await settle_loop(10)
+    if groups:
+        assert order.released == ["mate"], "third in the queue, beyond the window, but its prompt is in flight"
+    else:
+        assert order.released == [], "the window holds two strangers, which would fill an endpoint anywhere"
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for ticket in order.tickets.values():
+        ticket.settle()
+    assert fc.length == 0 and not fc.bands[0].flows
