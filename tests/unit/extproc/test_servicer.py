@@ -12,6 +12,7 @@ from llm_epp.framework import Metrics
 from tests.unit.extproc.fake_envoy import (
     BUFFERED,
     FDS,
+    NONE,
     FakeContext,
     Harness,
     body_msg,
@@ -343,6 +344,57 @@ async def test_body_mode_none_half_close_only_peer_is_learnt_and_not_waited_for_
     harness.servicer.close_wait_s = 60.0
     await asyncio.wait_for(harness.run(msgs), 1.0)  # ends at the half-close: this peer is known not to reset
     assert len(harness.recorder.completed) == 2 and harness.recorder.running == 0
+
+
+class BatchContext(FakeContext):
+    """A write completes like grpcio's: its batch finishes on the loop, and only then does the write coroutine
+    resume and free it. `reset_with` names the answer whose completion Envoy's reset arrives with: the handler
+    task is cancelled in the same loop turn, before it resumes (a busy event loop)."""
+
+    def __init__(self, messages: list[pb.ProcessingRequest], reset_with: str) -> None:
+        super().__init__(messages)
+        self.reset_with = reset_with
+        self.handler: asyncio.Task[None] | None = None
+        self.unfreed = 0  # batches completed whose write coroutine never resumed
+
+    async def write(self, data: bytes) -> None:
+        self.sent.append(pb.ProcessingResponse.FromString(data))
+        batch: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        reset = self.kinds()[-1] == self.reset_with
+
+        def complete() -> None:
+            batch.set_result(None)
+            if reset and self.handler is not None:
+                self.handler.cancel()
+
+        asyncio.get_running_loop().call_soon(complete)
+        self.unfreed += 1
+        await batch
+        self.unfreed -= 1
+
+
+@pytest.mark.parametrize(
+    ("resp_mode", "headers", "tail", "last"),
+    [
+        (NONE, {":status": "200", "content-length": "12"}, [], "response_headers"),
+        (NONE, {":status": "200", "content-type": "text/event-stream"}, [], "response_headers"),
+        (FDS, {":status": "200"}, [response_body_msg(b"{}", True)], "response_body"),
+    ],
+)
+async def test_a_reset_arriving_with_the_last_answer_lets_its_write_finish(
+    harness: Harness, resp_mode: int, headers: dict[str, str], tail: list[pb.ProcessingRequest], last: str
+) -> None:
+    harness.servicer.peer_resets = True  # Envoy, as learnt from earlier streams
+    msgs = [headers_msg(POST, resp_mode=resp_mode), body_msg(body(), True), response_headers_msg(headers), *tail]
+    ctx = BatchContext(msgs, reset_with=last)
+    task = asyncio.create_task(harness.servicer.process(None, ctx))  # type: ignore[arg-type]
+    ctx.handler = task
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1.0)
+    await asyncio.sleep(0)
+    assert ctx.kinds()[-1] == last
+    assert ctx.unfreed == 0, "the last write's coroutine resumed after its batch completed"
+    assert len(harness.recorder.completed) == 1 and harness.recorder.running == 0
 
 
 async def test_client_cancel_releases_without_completion(harness: Harness) -> None:
