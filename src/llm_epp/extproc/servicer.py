@@ -258,7 +258,8 @@ class ExtProcServicer:
                 if req.response_headers.end_of_stream:
                     st.response_done = True
                 answer = await self._on_response_headers(st, req)
-                if st.response_done or (st.event_stream and st.resp_mode == ProcessingMode.NONE):
+                waits = st.event_stream and st.resp_mode == ProcessingMode.NONE and self.peer_resets
+                if st.response_done or waits:
                     await _write_last(write, answer)  # nothing more to send: Envoy resets the stream next
                 else:
                     await write(answer)
@@ -266,7 +267,7 @@ class ExtProcServicer:
                     if st.closed_by_envoy:
                         await self._wait_for_close()
                     return
-                if st.event_stream and st.resp_mode == ProcessingMode.NONE and self.peer_resets:
+                if waits:
                     await self._wait_for_reset(st)  # then read on (an eviction is seen at the loop's top)
             elif kind == "request_trailers":
                 if not st.routed:
