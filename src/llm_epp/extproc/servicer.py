@@ -504,16 +504,9 @@ async def _write_last(write: Any, message: bytes) -> None:
     the handler before it resumes from the write that has already completed: grpcio then throws the
     cancellation into its write coroutine, which never frees that write's native op array (grpc/grpc issue
     43360; a few dozen bytes per request under load). The write runs in a task of its own, which the reset does
-    not cancel, so it always completes; the handler still sees the cancellation at once."""
-    task = asyncio.ensure_future(write(message))
-    task.add_done_callback(_retrieve)
-    await asyncio.shield(task)
-
-
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Marks a shielded write's failure as seen (the handler may have gone: nobody else awaits it)."""
-    if not task.cancelled():
-        task.exception()
+    not cancel, so it always completes; the handler still sees the cancellation at once. (A write that fails
+    after that is marked seen by `shield` itself: it is not reported as an unhandled task exception.)"""
+    await asyncio.shield(write(message))
 
 
 async def _read_unless_evicted(ctx: grpc.aio.ServicerContext, eviction: asyncio.Future[None]) -> Any:

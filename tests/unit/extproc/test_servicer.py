@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import pytest
@@ -357,13 +358,18 @@ class BatchContext(FakeContext):
         self.handler: asyncio.Task[None] | None = None
         self.unfreed = 0  # batches completed whose write coroutine never resumed
 
+    fail_last = False  # the last write's batch fails (the reset came first) instead of completing
+
     async def write(self, data: bytes) -> None:
         self.sent.append(pb.ProcessingResponse.FromString(data))
         batch: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         reset = self.kinds()[-1] == self.reset_with
 
         def complete() -> None:
-            batch.set_result(None)
+            if reset and self.fail_last:
+                batch.set_exception(RuntimeError("batch failed: the call was cancelled"))
+            else:
+                batch.set_result(None)
             if reset and self.handler is not None:
                 self.handler.cancel()
 
@@ -394,6 +400,34 @@ async def test_a_reset_arriving_with_the_last_answer_lets_its_write_finish(
     await asyncio.sleep(0)
     assert ctx.kinds()[-1] == last
     assert ctx.unfreed == 0, "the last write's coroutine resumed after its batch completed"
+    assert len(harness.recorder.completed) == 1 and harness.recorder.running == 0
+
+
+async def test_a_last_write_that_fails_after_the_reset_is_not_reported_as_unhandled(harness: Harness) -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        harness.servicer.peer_resets = True
+        msgs = [
+            headers_msg(POST),
+            body_msg(body(), True),
+            response_headers_msg({":status": "200", "content-length": "2"}),
+        ]
+        ctx = BatchContext(msgs, reset_with="response_headers")
+        ctx.fail_last = True
+        task = asyncio.create_task(harness.servicer.process(None, ctx))  # type: ignore[arg-type]
+        ctx.handler = task
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 1.0)
+        await asyncio.sleep(0)
+        del task, ctx
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert reported == []
     assert len(harness.recorder.completed) == 1 and harness.recorder.running == 0
 
 
