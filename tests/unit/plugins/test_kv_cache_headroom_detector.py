@@ -317,3 +317,20 @@ def test_prefix_groups_can_be_turned_off() -> None:
     det = factory("kv", Params(dispatchGroups=False), FakeHandle())
     assert det.group_key(det.affinity_key(_prompted(SYSTEM + "question"))) is None
     assert Params().dispatch_groups is True
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"dispatchWindow": 0, "dispatchGroups": True}, "dispatchGroups only acts"),
+        ({"dispatchWindow": 0, "dispatchMaxWaitSeconds": 5}, "dispatchMaxWaitSeconds only acts"),
+        ({"dispatchWindow": 0, "dispatchGroups": True, "dispatchMaxWaitSeconds": 5}, "and dispatchGroups only act "),
+    ],
+)
+def test_dispatch_settings_without_the_window_are_refused(params: dict[str, object], named: str) -> None:
+    with pytest.raises(ValidationError, match=named) as err:
+        Params.model_validate(params)
+    assert "set dispatchWindow > 0" in str(err.value)
+    # the window alone off, or grouping explicitly off with it, is fine
+    assert Params.model_validate({"dispatchWindow": 0}).dispatch_window == 0
+    assert Params.model_validate({"dispatchWindow": 0, "dispatchGroups": False}).dispatch_groups is False

@@ -65,6 +65,8 @@ Configuration:
         the oldest queued request of that group in the picked flow is looked at too, from anywhere in the
         queue (at most `dispatchWindow` such requests per cycle; never released by age), so a group's
         requests reach their home while its prefix is held there, not one at a time as they reach the front.
+    With dispatchWindow 0, setting dispatchMaxWaitSeconds or dispatchGroups: true is refused (they would do
+    nothing).
 
     saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit));
     an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
@@ -77,7 +79,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llm_epp.framework import (
     CycleState,
@@ -124,6 +126,25 @@ class Params(PluginParams):
     dispatch_window: int = Field(default=16, ge=0, le=64, alias="dispatchWindow")
     dispatch_max_wait: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
     dispatch_groups: bool = Field(default=True, alias="dispatchGroups")
+
+    @model_validator(mode="after")
+    def _dispatch_settings_need_the_window(self) -> Params:
+        if self.dispatch_window == 0:
+            inert = [
+                alias
+                for name, alias in (
+                    ("dispatch_max_wait", "dispatchMaxWaitSeconds"),
+                    ("dispatch_groups", "dispatchGroups"),
+                )
+                if name in self.model_fields_set and (name != "dispatch_groups" or self.dispatch_groups)
+            ]
+            if inert:
+                verb, them = ("acts", "it") if len(inert) == 1 else ("act", "them")
+                raise ValueError(
+                    f"{' and '.join(inert)} only {verb} through affinity-aware dispatch, which dispatchWindow 0 "
+                    f"turns off: remove {them} or set dispatchWindow > 0"
+                )
+        return self
 
 
 @dataclass(slots=True)
