@@ -313,9 +313,12 @@ def test_prefix_groups_in_flight_are_counted_until_their_requests_end() -> None:
     assert not det.hot_groups()
 
 
-def test_prefix_groups_can_be_turned_off() -> None:
-    det = factory("kv", Params(dispatchGroups=False), FakeHandle())
+@pytest.mark.parametrize("params", [{"dispatchGroups": False}, {"dispatchWindow": 0}])
+def test_prefix_groups_can_be_turned_off(params: dict[str, object]) -> None:
+    det = factory("kv", Params.model_validate(params), FakeHandle())
     assert det.group_key(det.affinity_key(_prompted(SYSTEM + "question"))) is None
+    _hold(det, _prompted(SYSTEM + "first question"), _ep("a"))
+    assert not det.hot_groups(), "groups in flight are not even counted when nothing would use them"
     assert Params().dispatch_groups is True
 
 

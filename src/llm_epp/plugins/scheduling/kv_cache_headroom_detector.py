@@ -206,7 +206,7 @@ class KvCacheHeadroomDetector:
         self.keep_prefix_home = keep_prefix_home
         self._dispatch_window = dispatch_window
         self._dispatch_max_wait = dispatch_max_wait
-        self.dispatch_groups = dispatch_groups
+        self.dispatch_groups = dispatch_groups and dispatch_window > 0  # groups only act through the window
         self._hot: dict[int, int] = {}  # prefix group of requests in flight -> how many
         self._hasher = BlockHasher()
         self._block_size = DEFAULT_BLOCK_SIZE_TOKENS  # the prefix producer's, learnt from its matches
@@ -423,9 +423,10 @@ class KvCacheHeadroomDetector:
             held = self._held.setdefault(key, {})
             for h in hashes:
                 held[h] = held.get(h, 0) + 1
-            group = _group(hashes)
-            assert group is not None
-            self._hot[group] = self._hot.get(group, 0) + 1
+            if self.dispatch_groups:
+                group = _group(hashes)
+                assert group is not None
+                self._hot[group] = self._hot.get(group, 0) + 1
         if self.typical_prompt:
             self.typical_prompt += _EWMA * (prompt - self.typical_prompt)
         else:
@@ -467,7 +468,7 @@ class KvCacheHeadroomDetector:
                     held.pop(h, None)
             if not held:
                 del self._held[entry.endpoint]
-        group = _group(entry.hashes)
+        group = _group(entry.hashes) if self.dispatch_groups else None
         if group is not None:
             n = self._hot.get(group, 0) - 1
             if n > 0:
