@@ -198,7 +198,7 @@ class ExtProcServicer:
                 if req is _EVICTED:
                     log.info("request_evicted request_id=%s", st.request_id)
                     st.status = 429
-                    await write(codec.evicted_response(st.request_id))
+                    await _write_last(write, codec.evicted_response(st.request_id))
                     return
             else:
                 req = await ctx.read()
@@ -222,10 +222,12 @@ class ExtProcServicer:
                 if chunk:
                     size = len(chunk)
                     if st.body_len + size > self.max_body:
-                        await write(self._reject(st, self._too_large()))
+                        await _write_last(write, self._reject(st, self._too_large()))
                         return
                     if self.held_bytes + size > self.max_held:
-                        await write(self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),)))
+                        await _write_last(
+                            write, self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),))
+                        )
                         return
                     st.body.append(chunk)
                     st.body_len += size
@@ -330,7 +332,7 @@ class ExtProcServicer:
             if log.isEnabledFor(VERBOSE):
                 log.log(VERBOSE, "request_rejected request_id=%s code=%s: %s", st.request_id, e.code.value, e.message)
             extra = ((h.DROPPED_REASON, e.reason),) if isinstance(e, RequestDropped) else ()
-            await write(self._reject(st, e, extra))
+            await _write_last(write, self._reject(st, e, extra))
             return False
         st.routed = True
         st.handle = decision.handle
@@ -510,15 +512,24 @@ async def _write_last(write: Any, message: bytes) -> None:
 
 
 async def _read_unless_evicted(ctx: grpc.aio.ServicerContext, eviction: asyncio.Future[None]) -> Any:
-    """The next message from Envoy, or `_EVICTED` once flow control evicts the request first."""
+    """The next message from Envoy, or `_EVICTED` once flow control evicts the request first.
+
+    An evicted request's read is left to end with the stream rather than cancelled: cancelling grpcio's read
+    while it waits leaks its batch like an interrupted write (see `_write_last`). The stream ends right after
+    the eviction's answer, and the read with it; its outcome is dropped."""
     if eviction.done():
         return _EVICTED
     read = asyncio.ensure_future(ctx.read())
     await asyncio.wait((read, eviction), return_when=asyncio.FIRST_COMPLETED)
     if read.done():
         return read.result()
-    read.cancel()
+    read.add_done_callback(_drop_outcome)
     return _EVICTED
+
+
+def _drop_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # marks a failure seen: the stream it belonged to is over
 
 
 def _upstream_mutation(

@@ -403,6 +403,29 @@ async def test_a_reset_arriving_with_the_last_answer_lets_its_write_finish(
     assert len(harness.recorder.completed) == 1 and harness.recorder.running == 0
 
 
+@pytest.mark.parametrize(
+    ("max_body", "empty_pool", "status"),
+    [(1000, False, 413), (16 << 20, True, 503)],
+)
+async def test_a_reset_arriving_with_a_rejection_lets_its_write_finish(
+    max_body: int, empty_pool: bool, status: int
+) -> None:
+    h = Harness("10.0.0.1:8000", max_body=max_body)
+    if empty_pool:
+        h.datastore.clear()
+    halves = (b"x" * 600, b"x" * 600) if not empty_pool else (body()[:10], body()[10:])  # too long, or routable
+    msgs = [headers_msg(POST), body_msg(halves[0], False), body_msg(halves[1], True)]
+    ctx = BatchContext(msgs, reset_with="immediate_response")
+    task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
+    ctx.handler = task
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1.0)
+    await asyncio.sleep(0)
+    assert ctx.kinds()[-1] == "immediate_response"
+    assert ctx.sent[-1].immediate_response.status.code == status
+    assert ctx.unfreed == 0, "the rejection's write coroutine resumed after its batch completed"
+
+
 async def test_a_last_write_that_fails_after_the_reset_is_not_reported_as_unhandled(harness: Harness) -> None:
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []

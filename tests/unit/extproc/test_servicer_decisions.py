@@ -259,6 +259,58 @@ async def test_an_eviction_ends_the_wait_for_the_reset() -> None:
     assert ctx.sent[-1].immediate_response.status.code == 429
 
 
+class EndingContext(CountingContext):
+    """After its script a read waits until the stream ends (`end()`, as grpcio completes a pending read when the
+    call finishes) and records whether it was cancelled instead: a cancelled grpcio read leaks its batch."""
+
+    def __init__(self, messages: Any) -> None:
+        super().__init__(messages)
+        self.ended = asyncio.Event()
+        self.cancelled_reads = 0
+        self.finished_reads = 0
+
+    async def read(self) -> Any:
+        if self._messages:
+            return await super().read()
+        self.reads += 1
+        try:
+            await self.ended.wait()
+        except asyncio.CancelledError:
+            self.cancelled_reads += 1
+            raise
+        self.finished_reads += 1
+        return grpc.aio.EOF
+
+    def end(self) -> None:
+        self.ended.set()
+
+
+async def test_an_eviction_during_a_read_answers_429_and_leaves_the_read_to_end_with_the_stream() -> None:
+    h = with_plugin()
+    h.servicer.peer_resets = False  # a peer that half-closes: a read stays in flight during the response
+    evict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    route = h.director.route
+
+    async def route_with_eviction(inp: Any) -> Any:
+        decision = await route(inp)
+        decision.handle.eviction = evict
+        return decision
+
+    h.director.route = route_with_eviction  # type: ignore[method-assign]
+    ctx = EndingContext([headers_msg(POST), body_msg(body(), True), response_headers_msg(SSE)])
+    task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert ctx.reads == 4 and not task.done()  # the read after the response headers is waiting
+    evict.set_result(None)
+    await asyncio.wait_for(task, 1.0)
+    assert ctx.sent[-1].WhichOneof("response") == "immediate_response"
+    assert ctx.sent[-1].immediate_response.status.code == 429
+    ctx.end()  # the call is over: grpcio completes the pending read
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert ctx.cancelled_reads == 0 and ctx.finished_reads == 1
+
+
 async def test_rejections_carry_the_drop_reason() -> None:
     h = Harness(PODS)
     ctx = await h.run([headers_msg(POST, subset=["9.9.9.9:1"]), body_msg(body(), True)])
