@@ -523,11 +523,17 @@ async def _read_unless_evicted(ctx: grpc.aio.ServicerContext, eviction: asyncio.
     await asyncio.wait((read, eviction), return_when=asyncio.FIRST_COMPLETED)
     if read.done():
         return read.result()
+    _LEFT_READS.add(read)
     read.add_done_callback(_drop_outcome)
     return _EVICTED
 
 
+_LEFT_READS: set[asyncio.Future[Any]] = set()
+"""Reads of evicted requests until their stream ends (a task nothing references may be collected while pending)."""
+
+
 def _drop_outcome(task: asyncio.Future[Any]) -> None:
+    _LEFT_READS.discard(task)
     if not task.cancelled():
         task.exception()  # marks a failure seen: the stream it belonged to is over
 

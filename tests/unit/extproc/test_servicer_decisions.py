@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from llm_epp.extproc import servicer as servicer_module
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
 from llm_epp.framework.requestcontrol import (
@@ -309,6 +310,7 @@ async def test_an_eviction_during_a_read_answers_429_and_leaves_the_read_to_end_
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert ctx.cancelled_reads == 0 and ctx.finished_reads == 1
+    assert not servicer_module._LEFT_READS  # nothing is kept once the stream is over
 
 
 async def test_rejections_carry_the_drop_reason() -> None:
