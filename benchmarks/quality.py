@@ -25,7 +25,11 @@ Routers:
   awareness): the upper bound on prefix reuse, not a usable router;
 * ``llm-epp + kv-headroom flow control``: the default scorers with flow control gated by
   ``kv-cache-headroom-detector`` (also a filter; affinity-aware dispatch at its defaults), as in
-  ``benchmarks.overload`` (llm-d.ai apiVersion: a queued request gets 503 after 60 s).
+  ``benchmarks.overload`` (llm-d.ai apiVersion: a queued request gets 503 after 60 s); ``... (TTL 300 s)``:
+  the same holding requests up to 300 s.
+
+``--timeline SECONDS`` also writes, for each ladder run, a CSV sampling every pod's running and waiting
+requests and KV use and the EPP's queue length (how a stage fills, drains and where pods idle).
 
     python -m benchmarks.quality                  # 8 pods full ladder, then 32 and 128 pods (see --help)
     python -m benchmarks.quality --pods 8         # only the anchor size
@@ -52,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -64,7 +69,9 @@ from benchmarks.overload import KV_HEADROOM
 from benchmarks.report import command_line, machine, output_path
 from benchmarks.stats import fmt_interval, t_interval
 from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
+from llm_epp.sim.engine import EngineMetrics
 from llm_epp.sim.profiles import Profile, get_profile
+from llm_epp.sim.routers import Router
 from llm_epp.sim.workload import SharedPrefixWorkload, Stage
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -125,6 +132,9 @@ schedulingProfiles:
 }
 """Configurations ``--select`` chooses "llm-epp best" from (the search in ``benchmarks/README.md`` had more)."""
 
+KV_HEADROOM_LONG_TTL = KV_HEADROOM.replace("flowControl:\n", "flowControl:\n  defaultRequestTTL: 300s\n", 1)
+"""The same with requests held up to 300 s instead of llm-d-router's 60 (the ladder's top stages queue longer)."""
+
 ROUTERS: dict[str, tuple[str, str | None]] = {
     "round-robin": ("round-robin", None),
     "random": ("random", None),
@@ -133,6 +143,7 @@ ROUTERS: dict[str, tuple[str, str | None]] = {
     "llm-epp best": ("llm-epp", BEST_CONFIG),
     "locality-bound": ("locality-bound", None),
     "llm-epp + kv-headroom flow control": ("llm-epp", KV_HEADROOM),
+    "llm-epp + kv-headroom flow control (TTL 300 s)": ("llm-epp", KV_HEADROOM_LONG_TTL),
 }
 
 
@@ -197,6 +208,72 @@ class RouterRun:
     stages: list[StageStats] = field(default_factory=list)
     wall_seconds: float = 0.0
     error: str | None = None
+    timeline: list[TimelineRow] = field(default_factory=list)
+
+
+TIMELINE_COLUMNS = ("t", "stage", "epp_queued", "running", "waiting", "kv_usage")
+"""Columns of a ``--timeline`` CSV; the per-pod columns hold one value per pod, separated by spaces."""
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    """The cluster at one instant of a run: what each pod reports and what the EPP holds in its queue."""
+
+    t: float
+    stage: int
+    epp_queued: int | None  # None: the router queues nothing (no flow control)
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    kv_usage: tuple[float, ...]
+
+    def csv(self) -> str:
+        queued = "" if self.epp_queued is None else str(self.epp_queued)
+        kv = " ".join(f"{v:.3f}" for v in self.kv_usage)
+        return f"{self.t:.3f},{self.stage},{queued},{_joined(self.running)},{_joined(self.waiting)},{kv}"
+
+
+def _joined(values: Sequence[int]) -> str:
+    return " ".join(map(str, values))
+
+
+def _record_timeline(router: Router, run: RouterRun, every: float) -> None:
+    """Samples the pods' metrics and the EPP's queue length every ``every`` virtual seconds, at the scrapes."""
+    director = getattr(router, "director", None)
+    flow = director.flow_control if director is not None else None
+    scrape = router.on_scrape
+    last = -math.inf
+
+    def on_scrape(metrics: Sequence[EngineMetrics], now: float) -> None:
+        nonlocal last
+        scrape(metrics, now)
+        if now - last < every:
+            return
+        last = now
+        run.timeline.append(
+            TimelineRow(
+                now,
+                len(run.stages),
+                flow.length if flow is not None else None,
+                tuple(m.num_requests_running for m in metrics),
+                tuple(m.num_requests_waiting for m in metrics),
+                tuple(m.kv_cache_usage_perc for m in metrics),
+            )
+        )
+
+    router.on_scrape = on_scrape  # type: ignore[method-assign]
+
+
+def write_timelines(runs: Sequence[RouterRun], out_dir: Path) -> list[str]:
+    """One CSV per run with a timeline; returns the file names."""
+    names = []
+    for r in runs:
+        if not r.timeline:
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "-", r.label.lower()).strip("-")
+        name = f"timeline-{r.pods}pods-{slug}-seed{r.seed}.csv"
+        (out_dir / name).write_text(",".join(TIMELINE_COLUMNS) + "\n" + "".join(row.csv() + "\n" for row in r.timeline))
+        names.append(name)
+    return names
 
 
 def router_spec(label: str, best_config: str | None) -> tuple[str, str | None]:
@@ -205,19 +282,26 @@ def router_spec(label: str, best_config: str | None) -> tuple[str, str | None]:
     return kind, best_config if label == "llm-epp best" and best_config is not None else config
 
 
-def run_one(label: str, scenario: Scenario, seed: int, best_config: str | None) -> RouterRun:
+def run_one(
+    label: str, scenario: Scenario, seed: int, best_config: str | None, timeline_every: float = 0.0
+) -> RouterRun:
     """Plays ``scenario`` through the router called ``label`` on fresh pods (runs in a worker process)."""
     kind, config = router_spec(label, best_config)
-    return play(label, kind, config, scenario, seed)
+    return play(label, kind, config, scenario, seed, timeline_every)
 
 
-def play(label: str, kind: str, config: str | None, scenario: Scenario, seed: int) -> RouterRun:
-    """Plays ``scenario`` through a ``kind`` router with ``config`` on fresh pods, reporting as ``label``."""
+def play(
+    label: str, kind: str, config: str | None, scenario: Scenario, seed: int, timeline_every: float = 0.0
+) -> RouterRun:
+    """Plays ``scenario`` through a ``kind`` router with ``config`` on fresh pods, reporting as ``label``;
+    with ``timeline_every`` > 0 the run keeps a :class:`TimelineRow` every that many virtual seconds."""
     started = time.perf_counter()
     run = RouterRun(label, scenario.pods, seed)
     workload = scenario.workload(seed)
     cluster = Cluster(get_profile(scenario.profile), scenario.pods)
     router = make_router(kind, scenario.pods, seed=seed, config_text=config)
+    if timeline_every > 0:
+        _record_timeline(router, run, timeline_every)
     total = len(scenario.stages)
 
     def progress(k: int, s: StageStats) -> None:
@@ -679,7 +763,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--output", help="directory for quality.md/.json/.png (default results; with --smoke a temporary directory)"
     )
+    p.add_argument(
+        "--timeline",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also write, per ladder run, a CSV of each pod's running and waiting requests and KV use and the "
+        "EPP's queue length every SECONDS of virtual time (timeline-*.csv; default 0: none)",
+    )
     args = p.parse_args(argv)
+    if args.timeline < 0 or not math.isfinite(args.timeline):
+        p.error("--timeline: give a number of seconds > 0 (or 0 for none)")
     command = command_line("benchmarks.quality", argv)
 
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
@@ -746,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.select:
             best_config, selection = select_best(scenarios[0], select_seeds, pool)
-        futures = {pool.submit(run_one, name, sc, seed, best_config): name for name, sc, seed in jobs}
+        futures = {pool.submit(run_one, name, sc, seed, best_config, args.timeline): name for name, sc, seed in jobs}
         if steady_scenario is not None:
             first = args.seeds[0]
             futures.update(
@@ -781,6 +875,14 @@ def main(argv: list[str] | None = None) -> int:
         runs.sort(key=lambda r: (order[r.label], r.seed))
 
     text = report(scenarios, results, steady, args, command, out_dir, interrupted, selection)
+    timelines = [name for runs in results.values() for name in write_timelines(runs, out_dir)]
+    if timelines:
+        text += (
+            f"\nTimelines (every {args.timeline:g} virtual s: t, stage index, requests held in the EPP's queue "
+            "(empty without flow control), then per pod running, waiting, KV use): "
+            + ", ".join(f"[{n}]({n})" for n in timelines)
+            + ".\n"
+        )
     text += f"\nTook {time.perf_counter() - started:.0f} s.\n"
     (out_dir / "quality.md").write_text(text)
     data = to_json(scenarios, results, steady, args.seeds, best_config)

@@ -6,6 +6,7 @@ numbers themselves (those belong to the benchmarks, not to tests).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -72,6 +73,48 @@ def test_quality_smoke_writes_a_row_per_router_and_stage_and_plots(tmp_path: Pat
     for name in ("quality_ttft_4.png", "quality_throughput_4.png", "quality_ttft_8.png", "quality_throughput_8.png"):
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
         assert f"]({name})" in report
+
+
+def test_quality_timeline_samples_every_pod_and_the_epp_queue_per_run(tmp_path: Path) -> None:
+    routers = ("llm-epp default", "llm-epp + kv-headroom flow control")
+    _run(
+        "benchmarks.quality",
+        *("--smoke", "--output", str(tmp_path), "--seed", "7", "--steady", "", "--timeline", "0.5"),
+        *("--routers", ",".join(routers)),
+    )
+    report = (tmp_path / "quality.md").read_text()
+    for pods in (4, 8):
+        stages = len(smoke_scenario(pods).stages)
+        for label, slug in zip(routers, ("llm-epp-default", "llm-epp-kv-headroom-flow-control"), strict=True):
+            name = f"timeline-{pods}pods-{slug}-seed7.csv"
+            assert f"]({name})" in report
+            lines = (tmp_path / name).read_text().splitlines()
+            assert lines[0] == "t,stage,epp_queued,running,waiting,kv_usage"
+            rows = [line.split(",") for line in lines[1:]]
+            times = [float(r[0]) for r in rows]
+            assert times == sorted(times) and all(b - a >= 0.499 for a, b in itertools.pairwise(times))
+            assert sorted({int(r[1]) for r in rows}) == list(range(stages)), label
+            for r in rows:
+                running, waiting, kv = (r[3].split(), r[4].split(), [float(v) for v in r[5].split()])
+                assert len(running) == len(waiting) == len(kv) == pods
+                assert all(0.0 <= v <= 1.0 for v in kv)
+            queued = [r[2] for r in rows]
+            if label == "llm-epp default":
+                assert set(queued) == {""}  # nothing is held without flow control
+            else:
+                assert all(q.isdigit() for q in queued)
+            assert any(int(n) > 0 for r in rows for n in r[3].split())  # the pods did run requests
+
+
+def test_quality_refuses_a_negative_timeline(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quality", "--smoke", "--timeline", "-1", "--output", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--timeline" in out.stderr
 
 
 def test_scale_smoke_writes_scheduler_and_scrape_cost_tables(tmp_path: Path) -> None:
