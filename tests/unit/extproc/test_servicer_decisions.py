@@ -238,9 +238,8 @@ async def test_a_wait_for_the_reset_that_runs_out_on_a_length_response_unlearns_
     assert h.servicer.peer_resets is False
 
 
-async def test_an_eviction_ends_the_wait_for_the_reset() -> None:
-    h = with_plugin()
-    h.servicer.peer_resets = True
+def evicted_on_signal(h: Harness) -> asyncio.Future[None]:
+    """Routes as before, with every request evictable by flow control once the returned future is set."""
     evict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     route = h.director.route
 
@@ -250,6 +249,13 @@ async def test_an_eviction_ends_the_wait_for_the_reset() -> None:
         return decision
 
     h.director.route = route_with_eviction  # type: ignore[method-assign]
+    return evict
+
+
+async def test_an_eviction_ends_the_wait_for_the_reset() -> None:
+    h = with_plugin()
+    h.servicer.peer_resets = True
+    evict = evicted_on_signal(h)
     ctx = sse_stream()
     task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
@@ -289,15 +295,7 @@ class EndingContext(CountingContext):
 async def test_an_eviction_during_a_read_answers_429_and_leaves_the_read_to_end_with_the_stream() -> None:
     h = with_plugin()
     h.servicer.peer_resets = False  # a peer that half-closes: a read stays in flight during the response
-    evict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    route = h.director.route
-
-    async def route_with_eviction(inp: Any) -> Any:
-        decision = await route(inp)
-        decision.handle.eviction = evict
-        return decision
-
-    h.director.route = route_with_eviction  # type: ignore[method-assign]
+    evict = evicted_on_signal(h)
     ctx = EndingContext([headers_msg(POST), body_msg(body(), True), response_headers_msg(SSE)])
     task = asyncio.create_task(h.servicer.process(None, ctx))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
