@@ -240,6 +240,8 @@ def _record_timeline(router: Router, run: RouterRun, every: float) -> None:
     """Samples the pods' metrics and the EPP's queue length every ``every`` virtual seconds, at the scrapes."""
     director = getattr(router, "director", None)
     flow = director.flow_control if director is not None else None
+    if router.scrape_interval is None:  # a router that reads no metrics: its scrapes serve the timeline only
+        router.scrape_interval = every
     scrape = router.on_scrape
     last = -math.inf
 

@@ -76,16 +76,19 @@ def test_quality_smoke_writes_a_row_per_router_and_stage_and_plots(tmp_path: Pat
 
 
 def test_quality_timeline_samples_every_pod_and_the_epp_queue_per_run(tmp_path: Path) -> None:
-    routers = ("llm-epp default", "llm-epp + kv-headroom flow control")
-    _run(
-        "benchmarks.quality",
-        *("--smoke", "--output", str(tmp_path), "--seed", "7", "--steady", "", "--timeline", "0.5"),
-        *("--routers", ",".join(routers)),
-    )
+    routers = ("round-robin", "llm-epp default", "llm-epp + kv-headroom flow control")
+    slugs = ("round-robin", "llm-epp-default", "llm-epp-kv-headroom-flow-control")
+    common = ("--smoke", "--seed", "7", "--steady", "", "--routers", ",".join(routers))
+    _run("benchmarks.quality", *common, "--output", str(tmp_path), "--timeline", "0.5")
+    _run("benchmarks.quality", *common, "--output", str(tmp_path / "without"))
+    with_timeline, without = (json.loads((d / "quality.json").read_text()) for d in (tmp_path, tmp_path / "without"))
+    assert [r["stages"] for sc in with_timeline["scenarios"] for r in sc["routers"]] == [
+        r["stages"] for sc in without["scenarios"] for r in sc["routers"]
+    ]  # sampling changes no run
     report = (tmp_path / "quality.md").read_text()
     for pods in (4, 8):
         stages = len(smoke_scenario(pods).stages)
-        for label, slug in zip(routers, ("llm-epp-default", "llm-epp-kv-headroom-flow-control"), strict=True):
+        for label, slug in zip(routers, slugs, strict=True):
             name = f"timeline-{pods}pods-{slug}-seed7.csv"
             assert f"]({name})" in report
             lines = (tmp_path / name).read_text().splitlines()
@@ -99,7 +102,7 @@ def test_quality_timeline_samples_every_pod_and_the_epp_queue_per_run(tmp_path: 
                 assert len(running) == len(waiting) == len(kv) == pods
                 assert all(0.0 <= v <= 1.0 for v in kv)
             queued = [r[2] for r in rows]
-            if label == "llm-epp default":
+            if label != "llm-epp + kv-headroom flow control":
                 assert set(queued) == {""}  # nothing is held without flow control
             else:
                 assert all(q.isdigit() for q in queued)
