@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _run(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _run(module: str, *args: str, timeout: float = 120, returncode: int = 0) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
         [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == returncode, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
 
@@ -110,14 +110,8 @@ def test_quality_timeline_samples_every_pod_and_the_epp_queue_per_run(tmp_path: 
 
 
 def test_quality_refuses_a_negative_timeline(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.quality", "--smoke", "--timeline", "-1", "--output", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and "--timeline" in out.stderr
+    out = _run("benchmarks.quality", "--smoke", "--timeline", "-1", "--output", str(tmp_path), returncode=2)
+    assert "--timeline" in out.stderr
 
 
 def test_scale_smoke_writes_scheduler_and_scrape_cost_tables(tmp_path: Path) -> None:
