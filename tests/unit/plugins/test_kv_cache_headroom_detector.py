@@ -337,3 +337,39 @@ def test_dispatch_settings_without_the_window_are_refused(params: dict[str, obje
     # the window alone off, or grouping explicitly off with it, is fine
     assert Params.model_validate({"dispatchWindow": 0}).dispatch_window == 0
     assert Params.model_validate({"dispatchWindow": 0, "dispatchGroups": False}).dispatch_groups is False
+
+
+def test_max_concurrency_leaves_no_room_on_an_endpoint_at_its_limit_until_a_request_ends() -> None:
+    det = factory("kv", Params(maxConcurrency=2, defaultOutputTokens=100), FakeHandle())
+    busy, idle = _ep("a", kv=0.01), _ep("b", kv=0.01, address="10.0.0.2")
+    small = dataclasses.replace(request(payload={"model": "m", "max_tokens": 10}), size_bytes=40)
+    first = _send(det, busy, prompt_bytes=40, max_tokens=10)
+    assert det.saturation([busy]) < 1.0, "one of two in flight: room for the second"
+    _send(det, busy, prompt_bytes=40, max_tokens=10)
+    # two tiny requests use almost none of the KV cache, yet the endpoint is at its limit
+    assert det.saturation([busy]) == pytest.approx(3 / 2)
+    assert det.saturation([busy, idle]) < 1.0
+    assert [e.key.name for e in det.filter(CycleState(), small, [busy, idle])] == ["b"]
+    assert [e.key.name for e in det.filter(CycleState(), small, [busy])] == ["a"], "none fits: the emptiest"
+    det.response_complete(first, request(), ResponseInfo(status=200, complete=True), busy)
+    assert det.saturation([busy]) < 1.0
+    assert [e.key.name for e in det.filter(CycleState(), small, [busy, idle])] == ["a", "b"]
+
+
+def test_max_concurrency_makes_a_queued_requests_full_home_hold_it() -> None:
+    det = factory("kv", Params(overcommit=0, maxConcurrency=1), FakeHandle())
+    home, other = _ep("a", kv=0.1), _ep("b", kv=0.1, address="10.0.0.2")
+    _hold(det, _prompted(SYSTEM + "first question"), home)
+    placement, _ = det.placement(det.affinity_key(_prompted(SYSTEM + "second question")), [home, other])
+    assert placement is Placement.HOME_FULL  # the KV cache has room; the limit does not
+
+
+def test_max_concurrency_is_off_by_default_and_refuses_negatives() -> None:
+    assert Params().max_concurrency == 0
+    det = _detector()
+    ep = _ep("a", kv=0.0)
+    for _ in range(50):
+        _send(det, ep, prompt_bytes=4, max_tokens=1)
+    assert det.saturation([ep]) < 1.0, "without a limit, only the KV prediction counts"
+    with pytest.raises(ValidationError, match="maxConcurrency"):
+        Params.model_validate({"maxConcurrency": -1})

@@ -67,9 +67,14 @@ Configuration:
         requests reach their home while its prefix is held there, not one at a time as they reach the front.
     With dispatchWindow 0, setting dispatchMaxWaitSeconds or dispatchGroups: true is refused (they would do
     nothing).
+    maxConcurrency (int >= 0, default 0: no limit): requests in flight per endpoint (sent through this EPP and
+        not yet finished) beyond which the endpoint has no room, whatever its KV cache holds. Inter-token
+        latency grows with the batch: this caps the batch the detector lets an endpoint run, trading some
+        throughput for ITL (the same name and unit as concurrency-detector's, which has no KV prediction).
 
-    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit));
-    an endpoint without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
+    saturation(endpoints) = min over endpoints of peak(typical request) / (capacity x (1 - headroom + overcommit)),
+    or (in flight + 1) / maxConcurrency where that is larger and the endpoint is at its limit; an endpoint
+    without scraped metrics or capacity counts as 1.0; no endpoints gives 1.0. The filter keeps
     the endpoints whose peak with the request stays within the limit (see keepPrefixHome); when none does,
     the one with the lowest predicted peak.
 """
@@ -126,6 +131,7 @@ class Params(PluginParams):
     dispatch_window: int = Field(default=16, ge=0, le=64, alias="dispatchWindow")
     dispatch_max_wait: float = Field(default=10.0, gt=0.0, allow_inf_nan=False, alias="dispatchMaxWaitSeconds")
     dispatch_groups: bool = Field(default=True, alias="dispatchGroups")
+    max_concurrency: int = Field(default=0, ge=0, alias="maxConcurrency")
 
     @model_validator(mode="after")
     def _dispatch_settings_need_the_window(self) -> Params:
@@ -197,8 +203,10 @@ class KvCacheHeadroomDetector:
         dispatch_max_wait: float = 10.0,
         overcommit: float = 0.0,
         dispatch_groups: bool = False,
+        max_concurrency: int = 0,
     ) -> None:
         self._typed_name = TypedName(TYPE, name)
+        self.max_concurrency = max_concurrency
         self._handle = handle
         self.headroom = headroom
         self.overcommit = overcommit
@@ -273,7 +281,14 @@ class KvCacheHeadroomDetector:
         capacity = self.capacity(ep)
         if capacity <= 0 or ep.metrics.update_time <= 0:
             return 1.0
-        return self.peak(ep, new_prompt, new_output) / (capacity * (1.0 - self.headroom + self.overcommit))
+        ratio = self.peak(ep, new_prompt, new_output) / (capacity * (1.0 - self.headroom + self.overcommit))
+        cap = self.max_concurrency
+        if cap:
+            flights = self._inflight.get(ep.key)
+            n = len(flights) if flights else 0
+            if n >= cap:  # at its limit: no room for one more, however much KV is free
+                return max(ratio, (n + 1) / cap)
+        return ratio
 
     # --- SaturationDetector ---------------------------------------------------------------------------
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
@@ -513,4 +528,5 @@ def factory(name: str, params: Params, handle: Handle) -> KvCacheHeadroomDetecto
         params.dispatch_max_wait,
         params.overcommit,
         params.dispatch_groups,
+        params.max_concurrency,
     )
