@@ -113,12 +113,17 @@ KV_NO_OVERCOMMIT = KV_HEADROOM.replace(
     "- type: kv-cache-headroom-detector\n",
     "- type: kv-cache-headroom-detector\n  parameters: {overcommit: 0}\n",
 )
+KV_CAPPED = KV_HEADROOM.replace(
+    "- type: kv-cache-headroom-detector\n",
+    "- type: kv-cache-headroom-detector\n  parameters: {maxConcurrency: 80}\n",
+)
 ROUTERS: dict[str, str | None] = {
     "round-robin": "",
     "reference default": None,
     "reference + flow control": FLOW_CONTROL,
     "llm-epp kv-headroom": KV_HEADROOM,
     "llm-epp kv-headroom (window only)": KV_WINDOW_ONLY,
+    "llm-epp kv-headroom (max 80 per endpoint)": KV_CAPPED,
     "llm-epp kv-headroom (no overcommit)": KV_NO_OVERCOMMIT,
     "llm-epp kv-headroom (in-order dispatch)": KV_IN_ORDER,
     "llm-epp kv-headroom + prefix home": KV_HOME,

@@ -26,7 +26,7 @@ Routers:
 * ``llm-epp + kv-headroom flow control``: the default scorers with flow control gated by
   ``kv-cache-headroom-detector`` (also a filter; affinity-aware dispatch at its defaults), as in
   ``benchmarks.overload`` (llm-d.ai apiVersion: a queued request gets 503 after 60 s); ``... (TTL 300 s)``:
-  the same holding requests up to 300 s.
+  the same holding requests up to 300 s; ``... (max 80 per endpoint)``: the detector with ``maxConcurrency: 80``.
 
 ``--timeline SECONDS`` also writes, for each ladder run, a CSV sampling every pod's running and waiting
 requests and KV use and the EPP's queue length (how a stage fills, drains and where pods idle).
@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overload import KV_HEADROOM
+from benchmarks.overload import KV_CAPPED, KV_HEADROOM
 from benchmarks.report import command_line, machine, output_path
 from benchmarks.stats import fmt_interval, t_interval
 from llm_epp.sim.cluster import Cluster, StageStats, make_router, percentile
@@ -144,6 +144,7 @@ ROUTERS: dict[str, tuple[str, str | None]] = {
     "locality-bound": ("locality-bound", None),
     "llm-epp + kv-headroom flow control": ("llm-epp", KV_HEADROOM),
     "llm-epp + kv-headroom flow control (TTL 300 s)": ("llm-epp", KV_HEADROOM_LONG_TTL),
+    "llm-epp + kv-headroom flow control (max 80 per endpoint)": ("llm-epp", KV_CAPPED),
 }
 
 
