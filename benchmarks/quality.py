@@ -26,7 +26,8 @@ Routers:
 * ``llm-epp + kv-headroom flow control``: the default scorers with flow control gated by
   ``kv-cache-headroom-detector`` (also a filter; affinity-aware dispatch at its defaults), as in
   ``benchmarks.overload`` (llm-d.ai apiVersion: a queued request gets 503 after 60 s); ``... (TTL 300 s)``:
-  the same holding requests up to 300 s; ``... (max 80 per endpoint)``: the detector with ``maxConcurrency: 80``.
+  the same holding requests up to 300 s; ``... (max 80 per endpoint)`` and ``(max 96 ...)``: the detector with
+  ``maxConcurrency`` 80 or 96.
 
 ``--timeline SECONDS`` also writes, for each ladder run, a CSV sampling every pod's running and waiting
 requests and KV use and the EPP's queue length (how a stage fills, drains and where pods idle).
@@ -145,6 +146,10 @@ ROUTERS: dict[str, tuple[str, str | None]] = {
     "llm-epp + kv-headroom flow control": ("llm-epp", KV_HEADROOM),
     "llm-epp + kv-headroom flow control (TTL 300 s)": ("llm-epp", KV_HEADROOM_LONG_TTL),
     "llm-epp + kv-headroom flow control (max 80 per endpoint)": ("llm-epp", KV_CAPPED),
+    "llm-epp + kv-headroom flow control (max 96 per endpoint)": (
+        "llm-epp",
+        KV_CAPPED.replace("maxConcurrency: 80", "maxConcurrency: 96"),
+    ),
 }
 
 
