@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -106,36 +106,39 @@ class Stack:
         return self.epp.metric_value(QUEUE_SIZE)
 
 
-def _stack(tmp: Path, ttl: str) -> Iterator[Stack]:
-    ref: list[Pod] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(ref))
-    pod = Pod(server)
-    ref.append(pod)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    objectives = tmp / "objectives.yaml"
-    objectives.write_text(OBJECTIVES)
-    epp = EppProcess(
-        "--endpoints",
-        pod.address,
-        "--secure-serving=false",
-        "--config-text",
-        CONFIG % ttl,
-        "--objectives-file",
-        str(objectives),
-    ).start()
+def serve_stack(pod: Pod, config: str, *epp_args: str) -> Iterator[Stack]:
+    """`llm-epp serve` with `config` in front of `pod`, and Envoy in front of both; stopped (and every request
+    the pod still holds let go) when the caller is done."""
+    epp = EppProcess("--endpoints", pod.address, "--secure-serving=false", "--config-text", config, *epp_args).start()
     opts = EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=False)
     try:
         envoy = EnvoyProcess(build_bootstrap(opts)).start()
     except Exception:
         epp.stop()
         raise
-    yield Stack(pod, epp, envoy)
-    for _ in range(20):
-        pod.release.release()
-    envoy.stop()
-    epp.stop()
-    server.shutdown()
-    server.server_close()
+    try:
+        yield Stack(pod, epp, envoy)
+    finally:
+        for _ in range(20):
+            pod.release.release()
+        envoy.stop()
+        epp.stop()
+        pod.server.shutdown()
+        pod.server.server_close()
+
+
+def start_pod(handler: Callable[[list[Pod]], type[BaseHTTPRequestHandler]] | None = None) -> Pod:
+    ref: list[Pod] = []
+    pod = Pod(ThreadingHTTPServer(("127.0.0.1", 0), (handler or _handler)(ref)))
+    ref.append(pod)
+    threading.Thread(target=pod.server.serve_forever, daemon=True).start()
+    return pod
+
+
+def _stack(tmp: Path, ttl: str) -> Iterator[Stack]:
+    objectives = tmp / "objectives.yaml"
+    objectives.write_text(OBJECTIVES)
+    yield from serve_stack(start_pod(), CONFIG % ttl, "--objectives-file", str(objectives))
 
 
 @pytest.fixture(scope="module")

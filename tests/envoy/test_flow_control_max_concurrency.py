@@ -6,18 +6,13 @@ it, and reaches the pod when the first ends; without the parameter both reach th
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import ThreadingHTTPServer
 
 import pytest
 
-from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
-from llm_epp.gateway.envoy_process import EnvoyProcess
-from llm_epp.gateway.epp_process import EppProcess
-from tests.envoy.test_flow_control import QUEUE_SIZE, Pod, Stack, _handler
+from tests.envoy.test_flow_control import QUEUE_SIZE, Pod, Stack, _handler, serve_stack, start_pod
 
 pytestmark = pytest.mark.envoy
 
@@ -73,32 +68,18 @@ def _metrics_handler(ref: list[Pod], polls: list[int]) -> type:
 
 
 def _stack(params: str) -> Iterator[Stack]:
-    ref: list[Pod] = []
     polls = [0]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _metrics_handler(ref, polls))
-    pod = Pod(server)
-    ref.append(pod)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    epp = EppProcess("--endpoints", pod.address, "--secure-serving=false", "--config-text", CONFIG % params).start()
-    opts = EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=False)
+    pod = start_pod(lambda ref: _metrics_handler(ref, polls))
+    running = serve_stack(pod, CONFIG % params)
     try:
-        envoy = EnvoyProcess(build_bootstrap(opts)).start()
-    except Exception:
-        epp.stop()
-        raise
-    try:
+        stack = next(running)
         # The detector counts a pod whose metrics were never read as full: wait until a second poll has begun,
         # by which time the first one's figures are in the endpoint store (an endpoint's polls do not overlap).
         with pod.cond:
             assert pod.cond.wait_for(lambda: polls[0] >= 2, 10), "the pod's metrics were never scraped"
-        yield Stack(pod, epp, envoy)
+        yield stack
     finally:
-        for _ in range(10):
-            pod.release.release()
-        envoy.stop()
-        epp.stop()
-        server.shutdown()
-        server.server_close()
+        running.close()
 
 
 @pytest.fixture
