@@ -339,26 +339,52 @@ def test_dispatch_settings_without_the_window_are_refused(params: dict[str, obje
     assert Params.model_validate({"dispatchWindow": 0, "dispatchGroups": False}).dispatch_groups is False
 
 
+def _dispatch(det: KvCacheHeadroomDetector, ep: Endpoint) -> CycleState:
+    """What the director does when it sends a small request to `ep`: reserves it in the endpoint's in-flight
+    load, then runs PreRequest."""
+    ep.load.requests += 1
+    return _send(det, ep, prompt_bytes=40, max_tokens=10)
+
+
+def _end(det: KvCacheHeadroomDetector, ep: Endpoint, cycle: CycleState) -> None:
+    """What the director does when that request ends: releases the reservation, then runs ResponseComplete."""
+    ep.load.requests -= 1
+    det.response_complete(cycle, request(), ResponseInfo(status=200, complete=True), ep)
+
+
 def test_max_concurrency_leaves_no_room_on_an_endpoint_at_its_limit_until_a_request_ends() -> None:
     det = factory("kv", Params(maxConcurrency=2, defaultOutputTokens=100), FakeHandle())
     busy, idle = _ep("a", kv=0.01), _ep("b", kv=0.01, address="10.0.0.2")
     small = dataclasses.replace(request(payload={"model": "m", "max_tokens": 10}), size_bytes=40)
-    first = _send(det, busy, prompt_bytes=40, max_tokens=10)
+    first = _dispatch(det, busy)
     assert det.saturation([busy]) < 1.0, "one of two in flight: room for the second"
-    _send(det, busy, prompt_bytes=40, max_tokens=10)
+    _dispatch(det, busy)
     # two tiny requests use almost none of the KV cache, yet the endpoint is at its limit
     assert det.saturation([busy]) == pytest.approx(3 / 2)
     assert det.saturation([busy, idle]) < 1.0
     assert [e.key.name for e in det.filter(CycleState(), small, [busy, idle])] == ["b"]
     assert [e.key.name for e in det.filter(CycleState(), small, [busy])] == ["a"], "none fits: the emptiest"
-    det.response_complete(first, request(), ResponseInfo(status=200, complete=True), busy)
+    _end(det, busy, first)
     assert det.saturation([busy]) < 1.0
     assert [e.key.name for e in det.filter(CycleState(), small, [busy, idle])] == ["a", "b"]
+
+
+def test_max_concurrency_counts_the_directors_in_flight_requests_not_only_its_own() -> None:
+    # The limit reads the core's in-flight account (what concurrency-detector reads), so requests the detector
+    # never saw through PreRequest (another profile's, or sent before a reconfiguration) count too.
+    det = factory("kv", Params(maxConcurrency=3), FakeHandle())
+    ep = _ep("a", kv=0.01)
+    ep.load.requests = 3
+    assert det.in_flight(ep.key) == 0
+    assert det.saturation([ep]) == pytest.approx(4 / 3)
+    ep.load.requests = 2
+    assert det.saturation([ep]) < 1.0
 
 
 def test_max_concurrency_makes_a_queued_requests_full_home_hold_it() -> None:
     det = factory("kv", Params(overcommit=0, maxConcurrency=1), FakeHandle())
     home, other = _ep("a", kv=0.1), _ep("b", kv=0.1, address="10.0.0.2")
+    home.load.requests += 1  # the director's reservation for the request held below
     _hold(det, _prompted(SYSTEM + "first question"), home)
     placement, _ = det.placement(det.affinity_key(_prompted(SYSTEM + "second question")), [home, other])
     assert placement is Placement.HOME_FULL  # the KV cache has room; the limit does not
@@ -369,7 +395,7 @@ def test_max_concurrency_is_off_by_default_and_refuses_negatives() -> None:
     det = _detector()
     ep = _ep("a", kv=0.0)
     for _ in range(50):
-        _send(det, ep, prompt_bytes=4, max_tokens=1)
+        _dispatch(det, ep)
     assert det.saturation([ep]) < 1.0, "without a limit, only the KV prediction counts"
     with pytest.raises(ValidationError, match="maxConcurrency"):
         Params.model_validate({"maxConcurrency": -1})

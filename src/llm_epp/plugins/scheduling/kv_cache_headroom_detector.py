@@ -21,7 +21,7 @@ Scheduling intent:
 
 Inputs consumed:
     Endpoint.metrics.kv_cache_usage, waiting_queue_size, cache_num_blocks, cache_block_size and update_time
-    (the scrape);
+    (the scrape); Endpoint.load.requests (the director's in-flight count, for maxConcurrency);
     the in-flight requests it tracks itself (PreRequest: endpoint, prompt size, the prompt's block hashes
     from `approx-prefix-cache-producer` when configured (without it every prompt counts in full), expected
     output = the body's `max_tokens` /
@@ -68,7 +68,8 @@ Configuration:
     With dispatchWindow 0, setting dispatchMaxWaitSeconds or dispatchGroups: true is refused (they would do
     nothing).
     maxConcurrency (int >= 0, default 0: no limit): requests in flight per endpoint (sent through this EPP and
-        not yet finished) beyond which the endpoint has no room, whatever its KV cache holds. Inter-token
+        not yet finished: the director's count, as concurrency-detector reads it) beyond which the endpoint
+        has no room, whatever its KV cache holds. Inter-token
         latency grows with the batch: this caps the batch the detector lets an endpoint run, trading some
         throughput for ITL (the same name and unit as concurrency-detector's, which has no KV prediction).
 
@@ -284,8 +285,7 @@ class KvCacheHeadroomDetector:
         ratio = self.peak(ep, new_prompt, new_output) / (capacity * (1.0 - self.headroom + self.overcommit))
         cap = self.max_concurrency
         if cap:
-            flights = self._inflight.get(ep.key)
-            n = len(flights) if flights else 0
+            n = ep.load.requests  # the core's in-flight account, the one concurrency-detector reads
             if n >= cap:  # at its limit: no room for one more, however much KV is free
                 return max(ratio, (n + 1) / cap)
         return ratio
