@@ -63,7 +63,7 @@ from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
 from llm_epp.sim.cluster import Cluster, RequestResult, TraceRequest, percentile
-from llm_epp.sim.profiles import get_profile
+from llm_epp.sim.profiles import get_profile, itl_floor
 from llm_epp.sim.routers import EppRouter, RoundRobinRouter, Router
 from llm_epp.sim.workload import SharedPrefixWorkload
 
@@ -155,6 +155,14 @@ class Scenario:
 
 ANCHOR = Scenario(8, "qwen3-32b-h100-tp2", 150, 5, 6000, 1200, 1000, CAPACITY)
 SMOKE = Scenario(2, "tiny", 4, 4, 160, 40, 256, 30.0)
+SCENARIOS = {"anchor": ANCHOR, "smoke": SMOKE}
+
+
+def itl_floor_ms(sc: Scenario, completions_per_s: float) -> float:
+    """The lowest mean ITL (ms) at which the scenario's pods, evenly loaded, complete `completions_per_s`
+    requests per second, whatever the router (`llm_epp.sim.profiles.itl_floor`; an uneven load only raises it)."""
+    per_pod = completions_per_s * (sc.output_len - 1) / sc.pods
+    return 1000 * itl_floor(get_profile(sc.profile), sc.system_prompt_len + sc.question_len, sc.output_len, per_pod)
 
 
 class QueueTimes:
@@ -338,11 +346,11 @@ def table(runs: Sequence[RunResult]) -> list[str]:
     return lines
 
 
-def totals(runs: Sequence[RunResult]) -> list[str]:
+def totals(runs: Sequence[RunResult], sc: Scenario) -> list[str]:
     lines = [
         "| load | router | done/s (both tenants) | vs reference default | prompt tok computed/s | preempt/req | "
-        "ITL p50 ms (flood) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "ITL p50 ms (flood) | ITL floor ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     base = {r.factor: sum(t.completion_rate for t in r.rows) for r in runs if r.router == "reference default"}
     for run_ in runs:
@@ -353,7 +361,10 @@ def totals(runs: Sequence[RunResult]) -> list[str]:
         vs = f"{(done / ref - 1) * 100:+.1f}%" if ref else "n/a"
         itl = _f(run_.rows[1].itl[0] * 1000, 1)
         computed = _f(sum(t.prefill_tokens_per_s for t in run_.rows), 0)
-        lines.append(f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {computed} | {_f(pre)} | {itl} |")
+        floor = _f(itl_floor_ms(sc, done), 1)
+        lines.append(
+            f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {computed} | {_f(pre)} | {itl} | {floor} |"
+        )
     return lines
 
 
@@ -368,7 +379,9 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
         f"tokens. Capacity {sc.capacity:g} req/s; offered {', '.join(f'{f:g}x' for f in args.factors)} of it for "
         f"{args.seconds:g} s of virtual time ({FLOOD_SHARE:.0%} `flood` at priority 0, the rest `interactive` at "
         f"priority 10), Poisson, then drained. Measured: requests arriving after {args.skip:g} s; `done/s` = "
-        "completions inside the measured window. ITL is each request's mean inter-token latency. `queued at EPP` "
+        "completions inside the measured window. ITL is each request's mean inter-token latency; `ITL floor` "
+        "is the lowest mean ITL at which these pods can complete `done/s` at all, whatever the router "
+        "(`llm_epp.sim.profiles.itl_floor`). `queued at EPP` "
         "is flow control's queue time of dispatched requests (0 without flow control). The EPP learns of each "
         + (
             "response what it learns behind `llm-epp envoy-config`'s defaults: a streamed response's headers when "
@@ -377,7 +390,7 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
             else "response its first-token time and its usage (`--twin ideal`: no deployment gives it both)."
         ),
         "",
-        *totals(runs),
+        *totals(runs, sc),
         "",
         *table(runs),
         "",
@@ -385,12 +398,15 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
     return "\n".join(lines)
 
 
-def save_json(path: Path, runs: Sequence[RunResult], seed: int, seconds: float, skip: float) -> None:
-    """Adds the runs to the JSON list in `path` (created when missing), one object per router, factor and seed."""
+def save_json(
+    path: Path, runs: Sequence[RunResult], seed: int, seconds: float, skip: float, scenario: str = "anchor"
+) -> None:
+    """Adds the runs to the JSON list in `path` (created when missing), one object per router, factor and seed;
+    `scenario` names the entry of `SCENARIOS` they ran (entries without one ran the anchor)."""
     entries: list[dict[str, object]] = json.loads(path.read_text()) if path.exists() else []
     for run_ in runs:
         entry = dataclasses.asdict(run_)
-        entry.update(seed=seed, seconds=seconds, skip=skip)
+        entry.update(seed=seed, seconds=seconds, skip=skip, scenario=scenario)
         entries.append(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entries, indent=1) + "\n")
@@ -400,8 +416,10 @@ def _entry_totals(entry: dict[str, Any]) -> dict[str, float]:
     """One run's headline figures from its JSON entry (both tenants; ITL of the flood, TTFT of interactive)."""
     rows = {r["tenant"]: r for r in entry["rows"]}
     measured = sum(r["measured"] for r in rows.values())
+    done = sum(r["completion_rate"] for r in rows.values())
     return {
-        "done": sum(r["completion_rate"] for r in rows.values()),
+        "done": done,
+        "floor": itl_floor_ms(SCENARIOS[entry.get("scenario", "anchor")], done),
         "preempt": sum(r["preemptions_per_request"] * r["measured"] for r in rows.values()) / max(measured, 1),
         "itl": rows["flood"]["itl"][0] * 1000,
         "ttft90": rows["interactive"]["ttft"][1],
@@ -417,8 +435,8 @@ def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
         runs.setdefault((e["factor"], e["router"]), {})[e["seed"]] = _entry_totals(e)
     lines = [
         "| load | router | seeds | done/s (both tenants) | vs reference default (paired) | preempt/req | "
-        "ITL p50 ms (flood) | TTFT p90 s (interactive) | 503 |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "ITL p50 ms (flood) | ITL floor ms | TTFT p90 s (interactive) | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {name: i for i, name in enumerate(ROUTERS)}
     for factor, router in sorted(runs, key=lambda k: (k[0], order.get(k[1], 99))):
@@ -426,11 +444,12 @@ def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
         seeds = sorted(by_seed)
         ref = runs.get((factor, "reference default"), {})
         paired = [by_seed[s]["done"] / ref[s]["done"] - 1 for s in seeds if s in ref]
-        col = {k: [by_seed[s][k] for s in seeds] for k in ("done", "preempt", "itl", "ttft90", "expired")}
+        col = {k: [by_seed[s][k] for s in seeds] for k in ("done", "preempt", "itl", "floor", "ttft90", "expired")}
         lines.append(
             f"| {factor:g}x | {router} | {','.join(map(str, seeds))} | {fmt_interval(col['done'])} | "
             f"{fmt_interval(paired, 1, percent=True) if paired else 'n/a'} | {fmt_interval(col['preempt'])} | "
-            f"{fmt_interval(col['itl'], 1)} | {fmt_interval(col['ttft90'], 1)} | {fmt_interval(col['expired'], 0)} |"
+            f"{fmt_interval(col['itl'], 1)} | {fmt_interval(col['floor'], 1)} | {fmt_interval(col['ttft90'], 1)} | "
+            f"{fmt_interval(col['expired'], 0)} |"
         )
     return lines
 
@@ -487,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         text = args.output.read_text().rstrip("\n") + "\n\n" + text
     args.output.write_text(text)
     if args.json is not None:
-        save_json(args.json, runs, args.seed, args.seconds, args.skip)
+        save_json(args.json, runs, args.seed, args.seconds, args.skip, "smoke" if args.smoke else "anchor")
     print(text)
     return 0
 

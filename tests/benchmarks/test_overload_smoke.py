@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.overload import ROUTERS, SMOKE, TENANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +35,7 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         if line.startswith(("| 1.5x", "| 3x"))
     ]
     detail = [r for r in rows if len(r) == 14]
-    summary = [r for r in rows if len(r) == 7]
+    summary = [r for r in rows if len(r) == 8]
     assert [(r[0], r[1], r[2]) for r in detail] == [
         (load, router, tenant) for load in ("1.5x", "3x") for router in ROUTERS for tenant in TENANTS
     ]
@@ -63,6 +65,12 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         (load, router, "3") for load in ("1.5x", "3x") for router in ROUTERS
     ]
     assert "| 1.5x | reference default | 3 |" in out.stdout and "+0.0%" in out.stdout
+    # each run's ITL floor is the one its own throughput implies on the smoke pods
+    from benchmarks.overload import itl_floor_ms
+
+    for r in summary:
+        done, floor = (float(r[i].replace(",", "")) for i in (2, 7))
+        assert floor == pytest.approx(itl_floor_ms(SMOKE, done), abs=0.051)
 
 
 def test_the_twin_gives_the_epp_what_the_deployment_gives_it() -> None:

@@ -16,9 +16,10 @@ estimate, to be calibrated by the benchmark against the published round-robin ba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["PROFILES", "QWEN3_32B_H100_TP2", "TINY", "Profile", "get_profile"]
+__all__ = ["PROFILES", "QWEN3_32B_H100_TP2", "TINY", "Profile", "get_profile", "itl_floor"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,3 +143,28 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+
+
+def itl_floor(profile: Profile, prompt_tokens: int, output_tokens: int, decode_tokens_per_s: float) -> float:
+    """The lowest mean inter-token latency (seconds) at which one pod of ``profile`` can emit
+    ``decode_tokens_per_s`` output tokens per second (tokens after each request's first) for requests of
+    ``prompt_tokens`` -> ``output_tokens``, whatever decides which requests it runs; ``math.inf`` past what the
+    pod can emit at all.
+
+    It follows from the step formula above. The decode step that emits a request's token ``j`` (1 ..
+    ``output_tokens - 1``) reads that request's ``prompt_tokens + j`` tokens of context, so each decode token
+    costs ``c = decode_cost_per_seq + kv_read_cost_per_token * (prompt_tokens + output_tokens / 2)`` on
+    average and at least ``c_min`` (context ``prompt_tokens + 1``). Emitting ``r`` tokens per second leaves at
+    most ``(1 - c * r) / step_base`` steps per second, so the steps decode ``b >= r * step_base / (1 - c * r)``
+    sequences on average, and a token-weighted mean step lasts at least ``step_base + c_min * b`` (a batch
+    that varies only raises it). Prefill, preemption and LoRA loads add to every term, so the floor holds for
+    any router; a pod running a steady batch of cached prompts comes close to it."""
+    if decode_tokens_per_s <= 0:
+        return profile.step_base
+    per_token = profile.decode_cost_per_seq + profile.kv_read_cost_per_token * (prompt_tokens + output_tokens / 2)
+    busy = per_token * decode_tokens_per_s
+    if busy >= 1.0:
+        return math.inf
+    batch = decode_tokens_per_s * profile.step_base / (1.0 - busy)
+    least = profile.decode_cost_per_seq + profile.kv_read_cost_per_token * (prompt_tokens + 1)
+    return profile.step_base + least * batch
