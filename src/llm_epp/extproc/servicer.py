@@ -15,6 +15,7 @@ values in (`RequestInput`, `ResponseSeen`, `Outcome`) and gives values back (`Ro
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Mapping
@@ -499,16 +500,35 @@ class ExtProcServicer:
 _EVICTED = object()
 
 
-async def _write_last(write: Any, message: bytes) -> None:
-    """Writes a stream's last answer so that Envoy's reset cannot interrupt gRPC's own write.
+def _write_last(write: Any, message: bytes) -> asyncio.Future[None]:
+    """Writes a stream's last answer so that Envoy's reset cannot interrupt gRPC's own write; await the result.
 
     Envoy resets the stream as soon as it has the last answer. When the event loop is busy, the reset can reach
     the handler before it resumes from the write that has already completed: grpcio then throws the
     cancellation into its write coroutine, which never frees that write's native op array (grpc/grpc issue
     43360; a few dozen bytes per request under load). The write runs in a task of its own, which the reset does
-    not cancel, so it always completes; the handler still sees the cancellation at once. (A write that fails
-    after that is marked seen by `shield` itself: it is not reported as an unhandled task exception.)"""
-    await asyncio.shield(write(message))
+    not cancel, so it always completes; the handler waits on a separate future and sees the cancellation at
+    once. The write's outcome is always retrieved: a write that fails after the handler has gone (the reset
+    came first) is dropped, not reported as an unhandled task exception (which `asyncio.shield` does when its
+    waiter is cancelled before the write ends)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    loop.create_task(write(message)).add_done_callback(functools.partial(_relay_write, waiter))
+    return waiter
+
+
+def _relay_write(waiter: asyncio.Future[None], task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        if not waiter.done():
+            waiter.cancel()
+        return
+    error = task.exception()  # retrieved, whoever still waits
+    if waiter.done():  # the handler was cancelled (the reset): nobody wants the outcome
+        return
+    if error is None:
+        waiter.set_result(None)
+    else:
+        waiter.set_exception(error)
 
 
 async def _read_unless_evicted(ctx: grpc.aio.ServicerContext, eviction: asyncio.Future[None]) -> Any:

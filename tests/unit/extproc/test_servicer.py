@@ -359,23 +359,37 @@ class BatchContext(FakeContext):
         self.unfreed = 0  # batches completed whose write coroutine never resumed
 
     fail_last = False  # the last write's batch fails (the reset came first) instead of completing
+    reset_first = False  # the reset cancels the handler a loop turn before the last write's batch ends
 
     async def write(self, data: bytes) -> None:
         self.sent.append(pb.ProcessingResponse.FromString(data))
-        batch: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        batch: asyncio.Future[None] = loop.create_future()
         reset = self.kinds()[-1] == self.reset_with
 
-        def complete() -> None:
+        def end_batch() -> None:
             if reset and self.fail_last:
                 batch.set_exception(RuntimeError("batch failed: the call was cancelled"))
             else:
                 batch.set_result(None)
+
+        def complete() -> None:
+            if not (reset and self.reset_first):
+                end_batch()
             if reset and self.handler is not None:
                 self.handler.cancel()
+            if reset and self.reset_first:
+                loop.call_later(0.01, end_batch)  # the batch ends after the handler has seen the reset
 
-        asyncio.get_running_loop().call_soon(complete)
+        loop.call_soon(complete)
         self.unfreed += 1
-        await batch
+        try:
+            await batch
+        except asyncio.CancelledError:
+            raise  # thrown into the write: grpcio never frees this batch
+        except Exception:
+            self.unfreed -= 1  # a failed batch resumes the write, which frees it and raises
+            raise
         self.unfreed -= 1
 
 
@@ -426,7 +440,10 @@ async def test_a_reset_arriving_with_a_rejection_lets_its_write_finish(
     assert ctx.unfreed == 0, "the rejection's write coroutine resumed after its batch completed"
 
 
-async def test_a_last_write_that_fails_after_the_reset_is_not_reported_as_unhandled(harness: Harness) -> None:
+@pytest.mark.parametrize("reset_first", [False, True], ids=["batch-then-reset", "reset-then-batch"])
+async def test_a_last_write_that_fails_after_the_reset_is_not_reported_as_unhandled(
+    harness: Harness, reset_first: bool
+) -> None:
     loop = asyncio.get_running_loop()
     reported: list[dict[str, object]] = []
     previous = loop.get_exception_handler()
@@ -440,11 +457,13 @@ async def test_a_last_write_that_fails_after_the_reset_is_not_reported_as_unhand
         ]
         ctx = BatchContext(msgs, reset_with="response_headers")
         ctx.fail_last = True
+        ctx.reset_first = reset_first
         task = asyncio.create_task(harness.servicer.process(None, ctx))  # type: ignore[arg-type]
         ctx.handler = task
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 1.0)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)  # the batch has ended (failed) by now
+        assert ctx.unfreed == 0
         del task, ctx
         gc.collect()
         await asyncio.sleep(0)
