@@ -29,3 +29,26 @@ def test_request_cost_runs_two_versions_side_by_side(tmp_path: Path) -> None:
     rows = [r for r in report.splitlines() if re.match(r"^\| (old|new) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", r)]
     assert [r.split("|")[1].strip() for r in rows] == ["old", "new"]
     assert re.search(r"new / old: [\d.]+, [\d.]+, [\d.]+ \(min, q1, median\)", report)
+
+
+def test_request_cost_with_cold_caches_reports_per_request_cpu() -> None:
+    args = ["--blocks", "2", "--block", "5", "--warmup", "1", "--cold-cache", "1", "--tracing", "off"]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.request_cost", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "cold caches (1 MiB written before each request)" in out.stderr
+    rows = [r for r in out.stderr.splitlines() if re.match(r"^\| new \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", r)]
+    assert len(rows) == 1 and float(rows[0].split("|")[2]) > 0
+    refused = subprocess.run(
+        [sys.executable, "-m", "benchmarks.request_cost", "--cold-cache", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--cold-cache: give a size in MiB" in refused.stderr
