@@ -975,7 +975,14 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 cpu_ratio = statistics.median(e.epp_ms_per_req) / statistics.median(t.epp_ms_per_req)
                 rps_ratio = statistics.median(e.rps) / statistics.median(t.rps)
                 out.append(
-                    f"\n**llm-epp / trivial picker: CPU per request {cpu_ratio:.2f}x, throughput {rps_ratio:.2f}x.**\n"
+                    f"\n**llm-epp / trivial picker: CPU per request {cpu_ratio:.2f}x, throughput {rps_ratio:.2f}x.**"
+                )
+                paired = [x / y for x, y in zip(e.epp_ms_per_req, t.epp_ms_per_req, strict=False)]
+                out.append(
+                    "CPU per request round by round (each round measures both pickers back to back): "
+                    + ", ".join(f"{r:.2f}x" for r in paired)
+                    + (f"; median {statistics.median(paired):.2f}x" if len(paired) > 1 else "")
+                    + ". On a shared machine one round says little: compare medians over several rounds.\n"
                 )
         elif not have_wrk:
             out.append("Closed loop skipped: wrk is not installed (Debian: apt-get install wrk).\n")

@@ -86,6 +86,7 @@ def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -
             assert re.fullmatch(rf"{NUM} / {NUM}", r[6]) and re.fullmatch(NUM, r[7]), r
     if "Closed loop (wrk" in text:  # wrk installed: the CPU and throughput ratio line
         assert re.search(rf"CPU per request {NUM}x, throughput {NUM}x", text)
+        assert re.search(rf"CPU per request round by round \(.*\): {NUM}x\.", text)  # --smoke: one round
 
 
 def test_the_stand_in_backends_label_their_answers_with_the_content_type_asked_for() -> None:
