@@ -63,6 +63,7 @@ from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
 from llm_epp.sim.cluster import Cluster, RequestResult, TraceRequest, percentile
+from llm_epp.sim.engine import EngineMetrics
 from llm_epp.sim.profiles import get_profile, itl_floor
 from llm_epp.sim.routers import EppRouter, RoundRobinRouter, Router
 from llm_epp.sim.workload import SharedPrefixWorkload
@@ -158,10 +159,13 @@ SMOKE = Scenario(2, "tiny", 4, 4, 160, 40, 256, 30.0)
 SCENARIOS = {"anchor": ANCHOR, "smoke": SMOKE}
 
 
-def itl_floor_ms(sc: Scenario, completions_per_s: float) -> float:
-    """The lowest mean ITL (ms) at which the scenario's pods, evenly loaded, complete `completions_per_s`
-    requests per second, whatever the router (`llm_epp.sim.profiles.itl_floor`; an uneven load only raises it)."""
-    per_pod = completions_per_s * (sc.output_len - 1) / sc.pods
+def itl_floor_ms(sc: Scenario, generated_tokens_per_s: float) -> float:
+    """The lowest mean ITL (ms) at which the scenario's pods, evenly loaded, generate `generated_tokens_per_s`
+    output tokens per second between them, whatever the router (`llm_epp.sim.profiles.itl_floor`; an uneven load
+    and prefill only raise it). NaN when the rate is unknown."""
+    if not math.isfinite(generated_tokens_per_s):
+        return math.nan
+    per_pod = generated_tokens_per_s * (sc.output_len - 1) / sc.output_len / sc.pods  # the first tokens: prefill
     return 1000 * itl_floor(get_profile(sc.profile), sc.system_prompt_len + sc.question_len, sc.output_len, per_pod)
 
 
@@ -221,6 +225,36 @@ class RunResult:
     factor: float
     rows: list[TenantRow] = field(default_factory=list)
     wall_seconds: float = 0.0
+    generated_tokens_per_s: float = math.nan
+    """Output tokens all pods generated per second of the measured window (their counters, read at the scrapes):
+    the work done in the window, which completions inside it (started before it, under overload) overstate."""
+
+
+class GeneratedTokens:
+    """Reads the pods' cumulative output-token counters at the router's scrapes between `lo` and `hi` (virtual
+    time); a router that reads no metrics gets scrapes for this alone, which change nothing it does."""
+
+    def __init__(self, router: Router, lo: float, hi: float, every: float = 0.05) -> None:
+        self.first: tuple[float, int] | None = None
+        self.last: tuple[float, int] | None = None
+        if router.scrape_interval is None:
+            router.scrape_interval = every
+        inner = router.on_scrape
+
+        def on_scrape(metrics: Sequence[EngineMetrics], now: float) -> None:
+            inner(metrics, now)
+            if lo <= now <= hi:
+                total = sum(m.generation_tokens for m in metrics)
+                if self.first is None:
+                    self.first = (now, total)
+                self.last = (now, total)
+
+        router.on_scrape = on_scrape  # type: ignore[method-assign]
+
+    def per_s(self) -> float:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return math.nan
+        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
 
 TWINS: dict[str, dict[str, Any]] = {
@@ -275,9 +309,12 @@ def run(
     requests, tenants = trace(sc, factor, seconds, seed)
     queue = QueueTimes()
     cluster = Cluster(get_profile(sc.profile), sc.pods)
-    results = cluster.run_trace(requests, _router(label, sc.pods, seed, queue, twin))
+    router = _router(label, sc.pods, seed, queue, twin)
+    start = min(r.offset for r in requests)
+    generated = GeneratedTokens(router, start + skip, start + seconds)
+    results = cluster.run_trace(requests, router)
     by_id: dict[str, RequestResult] = {r.id: r for r in results}
-    out = RunResult(label, factor)
+    out = RunResult(label, factor, generated_tokens_per_s=generated.per_s())
     t0 = min(r.arrival for r in results)
     lo, hi = t0 + skip, t0 + seconds
     window = hi - lo
@@ -349,8 +386,8 @@ def table(runs: Sequence[RunResult]) -> list[str]:
 def totals(runs: Sequence[RunResult], sc: Scenario) -> list[str]:
     lines = [
         "| load | router | done/s (both tenants) | vs reference default | prompt tok computed/s | preempt/req | "
-        "ITL p50 ms (flood) | ITL floor ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "ITL p50 ms (flood) | pods' tok/s | ITL floor ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = {r.factor: sum(t.completion_rate for t in r.rows) for r in runs if r.router == "reference default"}
     for run_ in runs:
@@ -361,9 +398,11 @@ def totals(runs: Sequence[RunResult], sc: Scenario) -> list[str]:
         vs = f"{(done / ref - 1) * 100:+.1f}%" if ref else "n/a"
         itl = _f(run_.rows[1].itl[0] * 1000, 1)
         computed = _f(sum(t.prefill_tokens_per_s for t in run_.rows), 0)
-        floor = _f(itl_floor_ms(sc, done), 1)
+        gen = run_.generated_tokens_per_s
+        floor = _f(itl_floor_ms(sc, gen), 1)
         lines.append(
-            f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {computed} | {_f(pre)} | {itl} | {floor} |"
+            f"| {run_.factor:g}x | {run_.router} | {_f(done)} | {vs} | {computed} | {_f(pre)} | {itl} | {_f(gen, 0)} | "
+            f"{floor} |"
         )
     return lines
 
@@ -379,9 +418,10 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
         f"tokens. Capacity {sc.capacity:g} req/s; offered {', '.join(f'{f:g}x' for f in args.factors)} of it for "
         f"{args.seconds:g} s of virtual time ({FLOOD_SHARE:.0%} `flood` at priority 0, the rest `interactive` at "
         f"priority 10), Poisson, then drained. Measured: requests arriving after {args.skip:g} s; `done/s` = "
-        "completions inside the measured window. ITL is each request's mean inter-token latency; `ITL floor` "
-        "is the lowest mean ITL at which these pods can complete `done/s` at all, whatever the router "
-        "(`llm_epp.sim.profiles.itl_floor`). `queued at EPP` "
+        "completions inside the measured window. ITL is each request's mean inter-token latency; `pods' tok/s` "
+        "the output tokens all pods generated per second of the window; `ITL floor` the lowest mean ITL at which "
+        "these pods can generate that many at all, whatever the router (`llm_epp.sim.profiles.itl_floor`). "
+        "`queued at EPP` "
         "is flow control's queue time of dispatched requests (0 without flow control). The EPP learns of each "
         + (
             "response what it learns behind `llm-epp envoy-config`'s defaults: a streamed response's headers when "
@@ -417,14 +457,21 @@ def _entry_totals(entry: dict[str, Any]) -> dict[str, float]:
     rows = {r["tenant"]: r for r in entry["rows"]}
     measured = sum(r["measured"] for r in rows.values())
     done = sum(r["completion_rate"] for r in rows.values())
+    generated = entry.get("generated_tokens_per_s", math.nan)  # runs saved before it was measured: unknown
+    generated = math.nan if generated is None else generated
     return {
         "done": done,
-        "floor": itl_floor_ms(SCENARIOS[entry.get("scenario", "anchor")], done),
+        "generated": generated,
+        "floor": itl_floor_ms(SCENARIOS[entry.get("scenario", "anchor")], generated),
         "preempt": sum(r["preemptions_per_request"] * r["measured"] for r in rows.values()) / max(measured, 1),
         "itl": rows["flood"]["itl"][0] * 1000,
         "ttft90": rows["interactive"]["ttft"][1],
         "expired": sum(r["expired_503"] for r in rows.values()),
     }
+
+
+def _interval_or_na(values: Sequence[float], digits: int) -> str:
+    return "n/a" if any(math.isnan(v) for v in values) else fmt_interval(values, digits)
 
 
 def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
@@ -435,8 +482,8 @@ def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
         runs.setdefault((e["factor"], e["router"]), {})[e["seed"]] = _entry_totals(e)
     lines = [
         "| load | router | seeds | done/s (both tenants) | vs reference default (paired) | preempt/req | "
-        "ITL p50 ms (flood) | ITL floor ms | TTFT p90 s (interactive) | 503 |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "ITL p50 ms (flood) | pods' tok/s | ITL floor ms | TTFT p90 s (interactive) | 503 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {name: i for i, name in enumerate(ROUTERS)}
     for factor, router in sorted(runs, key=lambda k: (k[0], order.get(k[1], 99))):
@@ -444,11 +491,13 @@ def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
         seeds = sorted(by_seed)
         ref = runs.get((factor, "reference default"), {})
         paired = [by_seed[s]["done"] / ref[s]["done"] - 1 for s in seeds if s in ref]
-        col = {k: [by_seed[s][k] for s in seeds] for k in ("done", "preempt", "itl", "floor", "ttft90", "expired")}
+        keys = ("done", "preempt", "itl", "generated", "floor", "ttft90", "expired")
+        col = {k: [by_seed[s][k] for s in seeds] for k in keys}
         lines.append(
             f"| {factor:g}x | {router} | {','.join(map(str, seeds))} | {fmt_interval(col['done'])} | "
             f"{fmt_interval(paired, 1, percent=True) if paired else 'n/a'} | {fmt_interval(col['preempt'])} | "
-            f"{fmt_interval(col['itl'], 1)} | {fmt_interval(col['floor'], 1)} | {fmt_interval(col['ttft90'], 1)} | "
+            f"{fmt_interval(col['itl'], 1)} | {_interval_or_na(col['generated'], 0)} | "
+            f"{_interval_or_na(col['floor'], 1)} | {fmt_interval(col['ttft90'], 1)} | "
             f"{fmt_interval(col['expired'], 0)} |"
         )
     return lines
