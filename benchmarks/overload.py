@@ -63,7 +63,7 @@ from llm_epp.datalayer.objectives import parse_objectives_file
 from llm_epp.flowcontrol import QueueOutcome
 from llm_epp.framework.types import InferenceRequest
 from llm_epp.sim.cluster import Cluster, RequestResult, TraceRequest, percentile
-from llm_epp.sim.engine import EngineMetrics
+from llm_epp.sim.engine import EngineMetrics, StepInfo
 from llm_epp.sim.profiles import get_profile, itl_floor
 from llm_epp.sim.routers import EppRouter, RoundRobinRouter, Router
 from llm_epp.sim.workload import SharedPrefixWorkload
@@ -228,6 +228,47 @@ class RunResult:
     generated_tokens_per_s: float = math.nan
     """Output tokens all pods generated per second of the measured window (their counters, read at the scrapes):
     the work done in the window, which completions inside it (started before it, under overload) overstate."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """The pods' steps that started in the measured window (`StepAccounting.summary`)."""
+
+
+class StepAccounting:
+    """Adds up the engine steps that start between `lo` and `hi` on every pod: where the pods' time went."""
+
+    def __init__(self, cluster: Cluster, lo: float, hi: float) -> None:
+        self.pods = len(cluster.engines)
+        self.window = hi - lo
+        self.busy = self.prefill_time = 0.0
+        self.steps = self.decoded = self.prefill_tokens = 0
+        self.decode_weighted = 0.0  # sum over steps of decoding sequences x duration
+        prefill_cost = cluster.engines[0].profile.prefill_cost_per_token
+
+        def observe(step: StepInfo) -> None:
+            if lo <= step.start < hi:
+                self.busy += step.duration
+                self.steps += 1
+                self.decoded += step.decoding
+                self.prefill_tokens += step.prefill_tokens
+                self.prefill_time += prefill_cost * step.prefill_tokens
+                self.decode_weighted += step.decoding * step.duration
+
+        for engine in cluster.engines:
+            engine.step_observer = observe
+
+    def summary(self) -> dict[str, float]:
+        """Per pod: share of the window busy, of it computing prompt tokens, decode and prompt tokens per second,
+        the mean batch of decoding sequences and the mean step a decoded token waited for (ms)."""
+        pod_seconds = self.window * self.pods
+        if pod_seconds <= 0 or not self.steps:
+            return {}
+        return {
+            "busy_share": self.busy / pod_seconds,
+            "prefill_share": self.prefill_time / pod_seconds,
+            "decode_tokens_per_pod_s": self.decoded / pod_seconds,
+            "prefill_tokens_per_pod_s": self.prefill_tokens / pod_seconds,
+            "mean_decode_batch": self.decoded / self.steps,
+            "token_weighted_step_ms": 1000 * self.decode_weighted / self.decoded if self.decoded else math.nan,
+        }
 
 
 class GeneratedTokens:
@@ -312,9 +353,10 @@ def run(
     router = _router(label, sc.pods, seed, queue, twin)
     start = min(r.offset for r in requests)
     generated = GeneratedTokens(router, start + skip, start + seconds)
+    steps = StepAccounting(cluster, start + skip, start + seconds)
     results = cluster.run_trace(requests, router)
     by_id: dict[str, RequestResult] = {r.id: r for r in results}
-    out = RunResult(label, factor, generated_tokens_per_s=generated.per_s())
+    out = RunResult(label, factor, generated_tokens_per_s=generated.per_s(), steps=steps.summary())
     t0 = min(r.arrival for r in results)
     lo, hi = t0 + skip, t0 + seconds
     window = hi - lo
@@ -407,6 +449,25 @@ def totals(runs: Sequence[RunResult], sc: Scenario) -> list[str]:
     return lines
 
 
+def step_table(runs: Sequence[RunResult]) -> list[str]:
+    """Where the pods' time went in the window (the engine's steps)."""
+    lines = [
+        "| load | router | pod time busy | in prefill | prompt tok/s per pod | decode tok/s per pod | "
+        "mean decode batch | mean step per decoded token ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run_ in runs:
+        st = run_.steps
+        if not st:
+            continue
+        lines.append(
+            f"| {run_.factor:g}x | {run_.router} | {st['busy_share']:.0%} | {st['prefill_share']:.0%} | "
+            f"{_f(st['prefill_tokens_per_pod_s'], 0)} | {_f(st['decode_tokens_per_pod_s'], 0)} | "
+            f"{_f(st['mean_decode_batch'], 1)} | {_f(st['token_weighted_step_ms'], 1)} |"
+        )
+    return lines
+
+
 def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) -> str:
     lines = [
         "# Sustained overload: two tenants, four routers (virtual time)",
@@ -431,6 +492,11 @@ def report(runs: Sequence[RunResult], sc: Scenario, args: argparse.Namespace) ->
         ),
         "",
         *totals(runs, sc),
+        "",
+        "Where the pods' time went (the engine steps that started in the window; a step that prefills delays every "
+        "sequence decoding in it):",
+        "",
+        *step_table(runs),
         "",
         *table(runs),
         "",
@@ -503,6 +569,34 @@ def seeds_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def steps_summary(entries: Sequence[dict[str, Any]]) -> list[str]:
+    """Means over seeds of where the pods' time went, per load and router (runs saved with the step accounting)."""
+    runs: dict[tuple[float, str], list[dict[str, float]]] = {}
+    for e in entries:
+        if e.get("steps"):
+            runs.setdefault((e["factor"], e["router"]), []).append(e["steps"])
+    if not runs:
+        return []
+    lines = [
+        "| load | router | seeds | in prefill | prompt tok/s per pod | decode tok/s per pod | mean decode batch | "
+        "mean step per decoded token ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {name: i for i, name in enumerate(ROUTERS)}
+    for factor, router in sorted(runs, key=lambda k: (k[0], order.get(k[1], 99))):
+        rows = runs[(factor, router)]
+
+        def col(key: str, rows: list[dict[str, float]] = rows) -> list[float]:
+            return [r[key] for r in rows]
+
+        lines.append(
+            f"| {factor:g}x | {router} | {len(rows)} | {fmt_interval(col('prefill_share'), 1, scale=100)}% | "
+            f"{fmt_interval(col('prefill_tokens_per_pod_s'), 0)} | {fmt_interval(col('decode_tokens_per_pod_s'), 0)} | "
+            f"{fmt_interval(col('mean_decode_batch'), 1)} | {fmt_interval(col('token_weighted_step_ms'), 1)} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factors", default="1.5,3", help="offered load as multiples of capacity")
@@ -531,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         entries = [e for path in args.summarize for e in json.loads(path.read_text())]
         print("\n".join(seeds_summary(entries)))
+        steps = steps_summary(entries)
+        if steps:
+            print("\n" + "\n".join(steps))
         return 0
     args.output = output_path(args.output, RESULTS / "overload.md", args.smoke)
     args.factors = [float(f) for f in args.factors.split(",")]

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.overload import ROUTERS, SMOKE, TENANTS
+from llm_epp.sim.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[2]
+SMOKE_STEP_BASE_MS = 1000 * get_profile(SMOKE.profile).step_base
 
 
 def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) -> None:
@@ -61,11 +63,14 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         timeout=60,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    means = [line.split("|")[1:4] for line in out.stdout.splitlines() if line.startswith(("| 1.5x", "| 3x"))]
-    assert [(m[0].strip(), m[1].strip(), m[2].strip()) for m in means] == [
-        (load, router, "3") for load in ("1.5x", "3x") for router in ROUTERS
-    ]
-    assert "| 1.5x | reference default | 3 |" in out.stdout and "+0.0%" in out.stdout
+    summary_text, steps_text = out.stdout.strip().split("\n\n")  # the means, then where the pods' time went
+    for text, seeds in ((summary_text, "3"), (steps_text, "1")):  # the seeds run, then how many
+        means = [line.split("|")[1:4] for line in text.splitlines() if line.startswith(("| 1.5x", "| 3x"))]
+        assert [(m[0].strip(), m[1].strip(), m[2].strip()) for m in means] == [
+            (load, router, seeds) for load in ("1.5x", "3x") for router in ROUTERS
+        ]
+    assert "| 1.5x | reference default | 3 |" in summary_text and "+0.0%" in summary_text
+    assert "| in prefill |" in steps_text
     # the pods generated tokens in the window, and each run's ITL floor is the one that rate implies on the smoke
     # pods; the JSON keeps the rate for the means over seeds
     from benchmarks.overload import itl_floor_ms
@@ -76,6 +81,14 @@ def test_overload_smoke_writes_a_row_per_load_router_and_tenant(tmp_path: Path) 
         assert floor == pytest.approx(itl_floor_ms(SMOKE, generated), rel=0.01, abs=0.051)
     saved = json.loads((tmp_path / "overload.json").read_text())
     assert all(e["generated_tokens_per_s"] > 0 for e in saved)
+    # where the pods' time went: one row per run; shares of the window, the prefill share within the busy one
+    steps = [r for r in rows if len(r) == 8 and r[2].endswith("%")]
+    assert [(r[0], r[1]) for r in steps] == [(load, router) for load in ("1.5x", "3x") for router in ROUTERS]
+    for e in saved:
+        st = e["steps"]
+        assert 0 < st["prefill_share"] <= st["busy_share"] <= 1.02  # a step that starts in the window may end after it
+        assert st["decode_tokens_per_pod_s"] > 0 and st["mean_decode_batch"] > 0
+        assert st["token_weighted_step_ms"] >= SMOKE_STEP_BASE_MS
 
 
 def test_the_twin_gives_the_epp_what_the_deployment_gives_it() -> None:

@@ -80,6 +80,7 @@ __all__ = [
     "KVCacheListener",
     "RequestEvent",
     "SimRequest",
+    "StepInfo",
     "block_hashes",
     "generated_token_id",
 ]
@@ -186,6 +187,20 @@ class RequestEvent:
     """FINISHED."""
     preemptions: int = 0
     """FINISHED: how many times the request was preempted."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One engine step, as :attr:`Engine.step_observer` is told of it when the step is planned."""
+
+    start: float
+    duration: float
+    decoding: int
+    """Sequences that emit their next output token in this step."""
+    prefill_tokens: int
+    """Prompt (or recomputed) tokens computed in this step."""
+    kv_tokens: int
+    """Context tokens the scheduled sequences read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +312,8 @@ class Engine:
         self.profile = profile
         self.kv_listener = kv_listener
         """Told of blocks stored, evicted and cleared (KV-cache events); None: nobody listens."""
+        self.step_observer: Callable[[StepInfo], None] | None = None
+        """Told of every step when it is planned (its start, duration and work); None: nobody listens."""
         self._bs = profile.block_size
         self._token_events = token_events
         self._clock = clock_start
@@ -643,6 +660,8 @@ class Engine:
             + p.lora_load_time * loads
         )
         self._step = _Step(start + duration, scheduled)
+        if self.step_observer is not None:
+            self.step_observer(StepInfo(start, duration, decoding, prefill, kv))
 
     def _finish_step(self, events: list[RequestEvent]) -> None:
         step = self._step

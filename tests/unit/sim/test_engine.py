@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from llm_epp.sim.engine import Engine, EventKind, RequestEvent, SimRequest, block_hashes
+from llm_epp.sim.engine import Engine, EventKind, RequestEvent, SimRequest, StepInfo, block_hashes
 from llm_epp.sim.profiles import PROFILES, QWEN3_32B_H100_TP2, TINY, Profile, get_profile
 
 
@@ -72,6 +72,17 @@ def test_step_durations_follow_the_cost_formula() -> None:
     assert [e.token_index for e in events[:3]] == [0, 1, 2]
     assert times == pytest.approx([t0, t1, t2, t2])
     assert engine.next_event_time() is None and engine.idle
+
+
+def test_the_step_observer_is_told_each_step_and_its_work() -> None:
+    p = _profile()
+    engine = Engine(p, clock_start=10.0)
+    steps: list[StepInfo] = []
+    engine.step_observer = steps.append
+    events = _run(engine, [(10.0, SimRequest("r", _tokens(1, 100), max_tokens=3))])
+    assert [(s.decoding, s.prefill_tokens, s.kv_tokens) for s in steps] == [(0, 100, 100), (1, 0, 101), (1, 0, 102)]
+    assert [s.start + s.duration for s in steps] == pytest.approx([e.time for e in events[:3]])
+    assert steps[1].start == pytest.approx(steps[0].start + steps[0].duration) and steps[0].start == 10.0
 
 
 def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
