@@ -855,7 +855,7 @@ class PickerCell:
 def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
     """llm-epp (default configuration, plaintext) beside the trivial picker, both behind the same Envoy
     configuration, and Envoy ROUND_ROBIN: closed-loop throughput and CPU per request, then open-loop added
-    latency at fixed rates. Targets alternate within each round."""
+    latency at fixed rates. Targets alternate within each round, in reverse order every other round."""
     rates: list[int] = args.picker_rates
     epp_name = EPP_TLS if args.picker_tls else EPP_PLAIN
     closed: dict[str, Result] = {}
@@ -908,8 +908,11 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             for name, g in gws.items():  # warm-up: connections, caches, the first picks
                 run_open_loop("127.0.0.1", g.listen_port, "/v1/completions", bodies[name], 300, drain_s=args.drain)
             for rnd in range(args.rounds):
+                # every other round in reverse order, so a drift of the machine's speed within a round does not
+                # always fall on the same target
+                order = list(gws.items()) if rnd % 2 == 0 else list(gws.items())[::-1]
                 if have_wrk:
-                    for name, g in gws.items():
+                    for name, g in order:
                         assert g.proc is not None
                         settle([g.proc.pid, *pids.values()])
                         measure(
@@ -928,7 +931,8 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                             flush=True,
                         )
                 for rate in rates:
-                    for i, (name, g) in enumerate(gws.items()):
+                    for name, g in order:
+                        i = list(gws).index(name)
                         assert g.proc is not None
                         watch = [g.proc.pid, *pids.values()]
                         settle(watch)
@@ -955,8 +959,8 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             "pre-serialised answers, endpoints in turn) and llm-epp (default configuration: prefix, queue and "
             "KV-cache scorers, metrics scraped every 50 ms) sit behind the same Envoy configuration "
             "(`llm-epp envoy-config` defaults); backends are Envoy `direct_response` listeners. Targets alternate "
-            "within each round. CPU = user + system seconds of the picker process (/proc/<pid>/stat) over the "
-            "window, divided by the requests.\n"
+            "within each round, in reverse order every other round. CPU = user + system seconds of the picker "
+            "process (/proc/<pid>/stat) over the window, divided by the requests.\n"
         )
         if any(r.rps for r in closed.values()):
             out.append(
