@@ -278,19 +278,15 @@ class GeneratedTokens:
     def __init__(self, router: Router, lo: float, hi: float, every: float = 0.05) -> None:
         self.first: tuple[float, int] | None = None
         self.last: tuple[float, int] | None = None
-        if router.scrape_interval is None:
-            router.scrape_interval = every
-        inner = router.on_scrape
 
-        def on_scrape(metrics: Sequence[EngineMetrics], now: float) -> None:
-            inner(metrics, now)
+        def observe(metrics: Sequence[EngineMetrics], now: float) -> None:
             if lo <= now <= hi:
                 total = sum(m.generation_tokens for m in metrics)
                 if self.first is None:
                     self.first = (now, total)
                 self.last = (now, total)
 
-        router.on_scrape = on_scrape  # type: ignore[method-assign]
+        router.watch_scrapes(observe, every)
 
     def per_s(self) -> float:
         if self.first is None or self.last is None or self.last[0] <= self.first[0]:

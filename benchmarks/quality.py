@@ -246,14 +246,10 @@ def _record_timeline(router: Router, run: RouterRun, every: float) -> None:
     """Samples the pods' metrics and the EPP's queue length every ``every`` virtual seconds, at the scrapes."""
     director = getattr(router, "director", None)
     flow = director.flow_control if director is not None else None
-    if router.scrape_interval is None:  # a router that reads no metrics: its scrapes serve the timeline only
-        router.scrape_interval = every
-    scrape = router.on_scrape
     last = -math.inf
 
-    def on_scrape(metrics: Sequence[EngineMetrics], now: float) -> None:
+    def sample(metrics: Sequence[EngineMetrics], now: float) -> None:
         nonlocal last
-        scrape(metrics, now)
         if now - last < every:
             return
         last = now
@@ -268,7 +264,7 @@ def _record_timeline(router: Router, run: RouterRun, every: float) -> None:
             )
         )
 
-    router.on_scrape = on_scrape  # type: ignore[method-assign]
+    router.watch_scrapes(sample, every)  # a router that reads no metrics is scraped for the timeline only
 
 
 def write_timelines(runs: Sequence[RouterRun], out_dir: Path) -> list[str]:

@@ -100,6 +100,20 @@ class Router:
     def on_scrape(self, metrics: Sequence[EngineMetrics], now: float) -> None:
         """Called every ``scrape_interval`` with every pod's current metrics."""
 
+    def watch_scrapes(self, observer: Callable[[Sequence[EngineMetrics], float], None], every: float) -> None:
+        """Calls ``observer(metrics, now)`` after each of this router's scrapes (a benchmark's view of the pods).
+        A router that reads no metrics is scraped every ``every`` seconds for the observer alone; its routing
+        does not change."""
+        if self.scrape_interval is None:
+            self.scrape_interval = every
+        inner = self.on_scrape
+
+        def on_scrape(metrics: Sequence[EngineMetrics], now: float) -> None:
+            inner(metrics, now)
+            observer(metrics, now)
+
+        self.on_scrape = on_scrape  # type: ignore[method-assign]
+
     def upstream_headers(self, request: RoutedRequest) -> Mapping[str, str]:
         """Headers the router sets on the request it sends to the pod (``x-prefiller-host-port``)."""
         return {}
