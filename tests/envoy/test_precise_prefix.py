@@ -69,6 +69,13 @@ class PreciseGateway:
     def kv_metrics(self) -> str:
         return "\n".join(line for line in self.epp.metrics().splitlines() if "kv_cache" in line)
 
+    def explain(self) -> str:
+        """For a failed routing assertion: the index's counters and what the EPP logged about the endpoints
+        and their event streams (reachability, restarts, gaps) and about tokenizing."""
+        marks = ("endpoint_", "kv_events", "tokenize_")
+        logged = [line for line in self.epp.log().splitlines() if any(m in line for m in marks)]
+        return self.kv_metrics() + "\nEPP log:\n" + "\n".join(logged[-40:])
+
     def settle(self) -> None:
         """Waits until the applied-event counter stops moving (every published batch is in the index)."""
         last = -1.0
@@ -125,7 +132,7 @@ def test_follow_ups_land_on_the_pod_holding_their_blocks(gateway: PreciseGateway
     gw = gateway
     prompt, home = _place(gw, "follow")
     served = [gw.post(prompt + f" question {i}") for i in range(6)]
-    assert served == [home] * 6
+    assert served == [home] * 6, gw.explain()
     assert gw.metric("llm_d_router_epp_kv_cache_events_messages_received_total") > 0
     assert gw.metric("llm_d_router_epp_kv_cache_events_pool_capacity") == 2  # kvEventsConfig.concurrency
 
@@ -151,7 +158,7 @@ def test_a_restarted_pod_is_forgotten(gateway: PreciseGateway) -> None:
     gw.settle()
     assert gw.pods.cached_tokens(a, tokenizer.encode(prompt)) == 0
     served = [gw.post(prompt + f" after restart {i}") for i in range(6)]
-    assert served == [gw.pods.servers[b].name] * 6
+    assert served == [gw.pods.servers[b].name] * 6, gw.explain()
 
 
 def test_a_reset_cache_is_forgotten(gateway: PreciseGateway) -> None:
@@ -165,7 +172,7 @@ def test_a_reset_cache_is_forgotten(gateway: PreciseGateway) -> None:
     assert r.status_code == 200
     gw.settle()
     served = [gw.post(prompt + f" after reset {i}") for i in range(6)]
-    assert served == [gw.pods.servers[b].name] * 6
+    assert served == [gw.pods.servers[b].name] * 6, gw.explain()
 
 
 def test_evicted_blocks_move_routing(gateway: PreciseGateway) -> None:
@@ -184,7 +191,7 @@ def test_evicted_blocks_move_routing(gateway: PreciseGateway) -> None:
     gw.settle()
     assert gw.pods.cached_tokens(b, ids) > 0
     served = [gw.post(prompt + f" after eviction {i}") for i in range(6)]
-    assert served == [gw.pods.servers[b].name] * 6
+    assert served == [gw.pods.servers[b].name] * 6, gw.explain()
 
 
 def test_a_lost_batch_is_replayed(gateway: PreciseGateway) -> None:
@@ -205,7 +212,7 @@ def test_a_lost_batch_is_replayed(gateway: PreciseGateway) -> None:
     gw.settle()
     assert gw.metric("llm_epp_kv_cache_events_gaps_total") > gaps
     served = [gw.post(prompt + f" after replay {i}") for i in range(6)]
-    assert served == [home] * 6
+    assert served == [home] * 6, gw.explain()
 
 
 def test_garbage_on_the_socket_is_counted_and_skipped(gateway: PreciseGateway) -> None:

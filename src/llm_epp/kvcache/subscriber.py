@@ -317,7 +317,7 @@ class KVEventsRunner:
                 if pod_id not in wanted:
                     self.pool.clear(pod_id)
                     self.stats.messages_by_pod.pop(pod_id, None)
-                    log.debug("kv_events_unsubscribed pod=%s", pod_id)
+                    log.info("kv_events_unsubscribed pod=%s", pod_id)
         for pod_id, source in wanted.items():
             if pod_id in self._subs:
                 continue
@@ -327,7 +327,7 @@ class KVEventsRunner:
             sock.connect(source.endpoint)
             self._subs[pod_id] = _Sub(source, sock)
             poller.register(sock, zmq.POLLIN)
-            log.debug("kv_events_subscribed pod=%s endpoint=%s", pod_id, source.endpoint)
+            log.info("kv_events_subscribed pod=%s endpoint=%s", pod_id, source.endpoint)
         self._subscribed = tuple(self._subs)
         self.index.retain_pods(set(wanted))
 

@@ -59,10 +59,15 @@ async def test_a_local_tokenizer_json_gives_the_vocabulary_ids() -> None:
 
 class _Render(BaseHTTPRequestHandler):
     seen: list[tuple[str, dict]] = []
+    down = False  # answer 503 to everything
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append((self.path, body))
+        if self.down:
+            self.send_response(503)
+            self.end_headers()
+            return
         if self.path == "/v1/completions/render":
             answer: object = [{"token_ids": [11, 12, 13]}]
         elif self.path == "/v1/chat/completions/render":
@@ -85,6 +90,7 @@ class _Render(BaseHTTPRequestHandler):
 @pytest.fixture
 def render_server():
     _Render.seen = []
+    _Render.down = False
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Render)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -111,6 +117,28 @@ async def test_an_unreachable_render_endpoint_leaves_no_tokens_and_is_counted(re
     plugin = build({"modelName": "m", "vllm": {"url": url + "/nowhere", "timeout": "1s"}})
     assert await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "x"})) is None
     assert plugin.failures == 1
+
+
+async def test_an_outage_is_logged_once_and_its_end_with_the_count(render_server, caplog) -> None:
+    url, _ = render_server
+    plugin = build({"modelName": "m", "vllm": {"url": url, "timeout": "2s"}})
+    caplog.set_level("DEBUG", logger=token_producer.__name__)
+    _Render.down = True
+    for i in range(3):
+        assert await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": f"down {i}"})) is None
+    _Render.down = False
+    assert await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "up"})) == TokenizedPrompt((11, 12, 13))
+    assert await run(plugin, req(ApiKind.COMPLETIONS, {"prompt": "up again"})) == TokenizedPrompt((11, 12, 13))
+    logged = [(r.levelname, r.getMessage().split(" ")[0]) for r in caplog.records]
+    assert logged == [
+        ("WARNING", "tokenize_failing"),
+        ("DEBUG", "tokenize_failed"),
+        ("DEBUG", "tokenize_failed"),
+        ("INFO", "tokenize_recovered"),
+    ]
+    assert "503" in caplog.records[0].getMessage()
+    assert caplog.records[-1].getMessage().endswith("failed_requests=3")
+    assert plugin.failures == 3
 
 
 async def test_existing_tokens_are_kept() -> None:

@@ -25,8 +25,10 @@ Scheduling intent:
     Tokenizing runs in a worker thread (`asyncio.to_thread`), never on the event loop. Results are kept in
     a bounded LRU (at most 1024 prompts and 4M token ids) keyed by a digest of the prompt, so a repeated
     prompt is not tokenized again. A request that already carries token ids (`RequestBody.token_ids`) is
-    not tokenized. A failure (render endpoint down, timeout) leaves no tokens for the request, is logged
-    at DEBUG and counted in `failures`; routing continues without token-based data.
+    not tokenized. A failure (render endpoint down, timeout) leaves no tokens for the request and is
+    counted in `failures`; routing continues without token-based data. The first failure after a success
+    is logged as a WARNING (`tokenize_failing`), the first success after failures at INFO
+    (`tokenize_recovered`, with how many failed); the failures between are logged at DEBUG.
 
 Inputs consumed:
     InferenceRequest.body (api, payload, token_ids, cache_salt).
@@ -237,6 +239,8 @@ class TokenProducer:
         self.params = params
         self.backend = params.backend
         self.failures = 0
+        self._failing = False  # the last backend call failed (logged once per outage)
+        self._failed_since = 0  # `failures` at the outage's first failure
         self._cache = _Cache()
         self._tokenizer: Any = None
         if self.backend == "local":
@@ -279,8 +283,25 @@ class TokenProducer:
             rendered = await asyncio.to_thread(self.tokenize, body.api, body.payload)
         except (OSError, ValueError, urllib.error.URLError) as e:
             self.failures += 1
-            log.debug("tokenize_failed plugin=%s error=%s", self._typed_name, e)
+            if not self._failing:
+                self._failing = True
+                self._failed_since = self.failures
+                log.warning(
+                    "tokenize_failing plugin=%s error=%s: requests route without their token ids until the "
+                    "tokenizer answers again",
+                    self._typed_name,
+                    e,
+                )
+            else:
+                log.debug("tokenize_failed plugin=%s error=%s", self._typed_name, e)
             return
+        if self._failing:
+            self._failing = False
+            log.info(
+                "tokenize_recovered plugin=%s failed_requests=%d",
+                self._typed_name,
+                self.failures - self._failed_since + 1,
+            )
         if rendered and rendered[0]:
             cycle.write(TOKENIZED_PROMPT_KEY, TokenizedPrompt(rendered[0], salt, mm_features=rendered[1]))
 
