@@ -10,11 +10,13 @@ import gc
 import json
 import logging
 import signal
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 
 from llm_epp.composition import build_request_path
 from llm_epp.config import ConfigError, LoadedConfig
@@ -23,6 +25,7 @@ from llm_epp.datalayer.discovery import DiscoveryError, DiscoveryFileWatcher
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
+from llm_epp.extproc.grpclib_server import ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -50,8 +53,9 @@ from llm_epp.pickapi.auth import Authenticator, AuthSettings, PickApiGuard, Toke
 from llm_epp.pickapi.servicer import LeaseFinisher
 from llm_epp.requestcontrol.director import Director
 from llm_epp.security.cert_reload import CertReloader, check_pair
+from llm_epp.security.server_ssl import ReloadingContext, server_context
 from llm_epp.security.tls import CertificateError, load_cert_dir, self_signed
-from llm_epp.security.tls_policy import cipher_suites_in_effect
+from llm_epp.security.tls_policy import cipher_suites_in_effect, grpc_cipher_list
 from llm_epp.stability import experimental_plugin_problem
 
 log = logging.getLogger("llm_epp")
@@ -261,7 +265,9 @@ def _discovery(config: LoadedConfig, opts: Options, datastore: Datastore) -> Dis
     return watcher
 
 
-def _credentials(opts: Options) -> grpc.ServerCredentials | None:
+def _tls_pair(opts: Options) -> tuple[bytes, bytes] | None:
+    """The ext_proc key pair (PEM certificate, key), or None when ext_proc is served without TLS. Warns about
+    TLS flags that have no effect and refuses a pair that does not load or match."""
     if not opts.secure_serving:
         for flag, given in (
             ("--enable-cert-reload", opts.enable_cert_reload),
@@ -271,24 +277,65 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
             if given:
                 log.warning("%s has no effect: ext_proc is served without TLS (--secure-serving=false)", flag)
         return None
-    if not cipher_suites_in_effect(opts.tls_cipher_suites):
-        raise StartupError(
-            "--tls-cipher-suites must be exported (GRPC_SSL_CIPHER_SUITES) before grpc is imported; start the EPP "
-            "with the llm-epp command, or call llm_epp.security.tls_policy.apply_cipher_suites first"
-        )
     if opts.tls_cipher_suites:
         log.info("ext_proc_tls_cipher_suites %s", ",".join(opts.tls_cipher_suites))
+    if opts.enable_cert_reload and not opts.cert_path:
+        log.warning("--enable-cert-reload has no effect without --cert-path: the certificate is self-signed")
     try:
-        if opts.cert_path and opts.enable_cert_reload:
-            return CertReloader(opts.cert_path).credentials()
         cert, key = load_cert_dir(opts.cert_path) if opts.cert_path else self_signed()
         if opts.cert_path:
             check_pair(cert, key)
     except CertificateError as e:
         raise StartupError(str(e)) from None
-    if opts.enable_cert_reload:
-        log.warning("--enable-cert-reload has no effect without --cert-path: the certificate is self-signed")
+    return cert, key
+
+
+def _credentials(opts: Options) -> grpc.ServerCredentials | None:
+    """TLS of the ext_proc port served by grpcio."""
+    pair = _tls_pair(opts)
+    if pair is None:
+        return None
+    if not cipher_suites_in_effect(opts.tls_cipher_suites):
+        raise StartupError(
+            "--tls-cipher-suites must be exported (GRPC_SSL_CIPHER_SUITES) before grpc is imported; start the EPP "
+            "with the llm-epp command, or call llm_epp.security.tls_policy.apply_cipher_suites first"
+        )
+    if opts.cert_path and opts.enable_cert_reload:
+        try:
+            return CertReloader(opts.cert_path).credentials()
+        except CertificateError as e:
+            raise StartupError(str(e)) from None
+    cert, key = pair
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _ssl_context(opts: Options) -> ssl.SSLContext | None:
+    """TLS of the ext_proc port served by grpclib: the same pair and policy as `_credentials`."""
+    pair = _tls_pair(opts)
+    if pair is None:
+        return None
+    ciphers = grpc_cipher_list(opts.tls_cipher_suites)
+    try:
+        if opts.cert_path and opts.enable_cert_reload:
+            return ReloadingContext(opts.cert_path, ciphers).context
+        return server_context(*pair, ciphers)
+    except CertificateError as e:
+        raise StartupError(str(e)) from None
+
+
+def ext_proc_server(
+    opts: Options, process: Any, health: HealthState | None, stream_metrics: StreamMetrics | None = None
+) -> ExtProcServer:
+    """The grpclib server of the ext_proc port (and of gRPC health on it with `health`), not yet bound."""
+    return ExtProcServer(
+        process,
+        ProcessingRequest.FromString,
+        max_recv=opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+        max_send=opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+        health=health,
+        stream_metrics=stream_metrics,
+        ssl_context=_ssl_context(opts),
+    )
 
 
 def _cert_and_key(opts: Options) -> tuple[bytes, bytes]:
@@ -457,15 +504,28 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     guard = _pick_api_guard(opts, api, c.pick.leases) if opts.enable_pick_api else None
     shared_guard = guard is not None and not opts.pick_api_port
     interceptors: list[Any] = []
-    if opts.enable_grpc_stream_metrics:
-        interceptors.append(StreamMetrics(c.recorder.registry).interceptor())
+    stream_metrics = StreamMetrics(c.recorder.registry) if opts.enable_grpc_stream_metrics else None
+    if stream_metrics is not None:
+        interceptors.append(stream_metrics.interceptor())
     if shared_guard:
         interceptors.append(guard)
     address = f"{opts.bind_address}:{opts.grpc_port}"
     creds = _credentials(opts)
     servers: list[Any] = []  # grpc.aio.Server, or the worker pool (same start/stop)
     port = 0
-    if opts.workers <= 1:
+    if opts.workers <= 1 and opts.ext_proc_transport() == "grpclib":
+        lib_server = ext_proc_server(
+            opts,
+            c.servicer.process,
+            c.health if opts.health_checking else None,
+            stream_metrics,
+        )
+        try:
+            port = lib_server.bind(opts.bind_address, opts.grpc_port)
+        except OSError as e:
+            raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
+        servers.append(lib_server)
+    elif opts.workers <= 1:
         server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
         handlers: list[grpc.GenericRpcHandler] = [c.servicer.handler()]
         if shared_guard:

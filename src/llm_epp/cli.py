@@ -251,6 +251,13 @@ def _serve_parser(p: _Parser) -> None:
     )
     _bool_flag(serving, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     serving.add_argument(
+        "--grpc-transport",
+        choices=("auto", "grpclib", "grpcio"),
+        default="auto",
+        help="what serves the ext_proc port: grpclib (HTTP/2 in the event loop's thread, ~20%% less CPU per "
+        "request) or grpcio; auto (default) is grpclib unless the direct-routing API shares the port",
+    )
+    serving.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"
     )
     serving.add_argument(
@@ -538,6 +545,7 @@ def _options(args: argparse.Namespace) -> Options:
         grpc_max_recv_msg_size=args.grpc_max_recv_msg_size,
         grpc_max_send_msg_size=args.grpc_max_send_msg_size,
         enable_grpc_stream_metrics=args.enable_grpc_stream_metrics,
+        grpc_transport=args.grpc_transport,
         tls_min_version=args.tls_min_version,
         tls_cipher_suites=tuple(s for s in args.tls_cipher_suites if s),
         allow_experimental_plugins=args.allow_experimental_plugins,
@@ -697,6 +705,11 @@ def check_options(opts: Options) -> list[str]:
         problems.append("--model-server-metrics-port must be between 0 and 65535")
     problems.extend(_metrics_tls_problems(opts))
     problems.extend(worker_problems(opts))
+    if opts.grpc_transport == "grpclib" and opts.enable_pick_api and not opts.pick_api_port:
+        problems.append(
+            "--grpc-transport grpclib cannot serve the direct-routing API on the ext_proc port: give the API its "
+            "own --pick-api-port, or use --grpc-transport grpcio (or auto)"
+        )
     try:
         check_min_version(opts.tls_min_version)
     except TlsPolicyError as e:

@@ -408,3 +408,36 @@ def test_authenticated_pick_api_configurations_are_accepted(argv: list[str]) -> 
 @pytest.mark.parametrize(("value", "seconds"), [("0s", 0.0), ("0", 0.0), ("90s", 90.0)], ids=str)
 def test_drain_timeout_accepts_zero(value: str, seconds: float) -> None:
     assert parse("--endpoints", "10.0.0.1:8000", "--drain-timeout", value).drain_timeout == seconds
+
+
+TOKEN_AUTH = ("--pick-api-token-review", "--pick-api-allowed-service-accounts", "ns/caller")
+
+
+@pytest.mark.parametrize(
+    ("argv", "transport"),
+    [
+        ([], "grpclib"),
+        (["--enable-pick-api"], "grpcio"),  # the direct-routing API shares the port: grpcio serves both
+        (["--enable-pick-api", "--pick-api-port", "9100"], "grpclib"),
+        (["--grpc-transport", "grpcio"], "grpcio"),
+        (["--grpc-transport", "grpclib", "--enable-pick-api", "--pick-api-port", "9100"], "grpclib"),
+    ],
+)
+def test_the_ext_proc_transport(argv: list[str], transport: str) -> None:
+    if "--enable-pick-api" in argv:
+        argv = [*argv, *TOKEN_AUTH]
+    opts = parse("--endpoints", "10.0.0.1:8000", *argv)
+    assert cli.check_options(opts) == []
+    assert opts.ext_proc_transport() == transport
+
+
+def test_grpclib_cannot_carry_the_direct_routing_api_on_the_ext_proc_port() -> None:
+    problems = cli.check_options(
+        parse("--endpoints", "10.0.0.1:8000", "--grpc-transport", "grpclib", "--enable-pick-api", *TOKEN_AUTH)
+    )
+    assert problems == [
+        "--grpc-transport grpclib cannot serve the direct-routing API on the ext_proc port: give the API its own "
+        "--pick-api-port, or use --grpc-transport grpcio (or auto)"
+    ]
+    with pytest.raises(SystemExit):
+        parse("--endpoints", "10.0.0.1:8000", "--grpc-transport", "h2")

@@ -130,7 +130,7 @@ def decode_check_response(buf: bytes) -> int:
     return status
 
 
-def _encode_list_response(statuses: dict[str, int]) -> bytes:
+def encode_list_response(statuses: dict[str, int]) -> bytes:
     out = bytearray()
     for name, status in statuses.items():
         key = name.encode()
@@ -159,24 +159,29 @@ def decode_list_response(buf: bytes) -> dict[str, int]:
 _STATUS_NAMES = {UNKNOWN: "UNKNOWN", SERVING: "SERVING", NOT_SERVING: "NOT_SERVING"}
 
 
+def log_check(state: HealthState, service: str, status: int) -> None:
+    """What a Check answered: at TRACE when serving, else at INFO with why."""
+    if status == SERVING:
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "health_check_serving service=%r", service)
+    else:
+        log.info(
+            "health_check_not_serving service=%r status=%s synced=%s leader_election=%s is_leader=%s draining=%s",
+            service,
+            _STATUS_NAMES.get(status, "SERVICE_UNKNOWN"),
+            state.synced,
+            state.leader_election,
+            state.is_leader,
+            state.draining,
+        )
+
+
 def add_health_service(server: grpc.aio.Server, state: HealthState) -> None:
     """Registers `grpc.health.v1.Health` on `server` (the health port, or the ext_proc port)."""
 
     async def check(service: str, context: grpc.aio.ServicerContext) -> int:
         status = state.status(service)
-        if status == SERVING:
-            if log.isEnabledFor(TRACE):
-                log.log(TRACE, "health_check_serving service=%r", service)
-        else:
-            log.info(
-                "health_check_not_serving service=%r status=%s synced=%s leader_election=%s is_leader=%s draining=%s",
-                service,
-                _STATUS_NAMES.get(status, "SERVICE_UNKNOWN"),
-                state.synced,
-                state.leader_election,
-                state.is_leader,
-                state.draining,
-            )
+        log_check(state, service, status)
         return status
 
     async def list_(_: bytes, context: grpc.aio.ServicerContext) -> dict[str, int]:
@@ -197,7 +202,7 @@ def add_health_service(server: grpc.aio.Server, state: HealthState) -> None:
             "List": grpc.unary_unary_rpc_method_handler(
                 list_,
                 request_deserializer=bytes,
-                response_serializer=_encode_list_response,
+                response_serializer=encode_list_response,
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 watch,

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 from llm_epp.options import Options
 
@@ -60,7 +61,7 @@ def main(spec: FrontSpec) -> None:
 async def _serve(spec: FrontSpec) -> None:
     import grpc
 
-    from llm_epp.app import StartupError, _credentials, grpc_server_options
+    from llm_epp.app import StartupError, _credentials, ext_proc_server, grpc_server_options
     from llm_epp.observability import HealthState, add_health_service
     from llm_epp.workers.remote import RemoteDirector, WorkerServicer
 
@@ -79,15 +80,20 @@ async def _serve(spec: FrontSpec) -> None:
         max_held_request_bytes=spec.max_held_request_bytes,
         emit_endpoint_scores=o.emit_endpoint_scores,
     )
-    server = grpc.aio.server(options=grpc_server_options(o))
-    server.add_generic_rpc_handlers((servicer.handler(),))
-    if o.health_checking:
-        add_health_service(server, health)
     address = f"{o.bind_address}:{spec.port}"
+    server: Any
     try:
-        creds = _credentials(o)
-        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    except (RuntimeError, StartupError) as e:
+        if o.ext_proc_transport() == "grpclib":
+            server = ext_proc_server(o, servicer.process, health if o.health_checking else None)
+            port = server.bind(o.bind_address, spec.port)
+        else:
+            server = grpc.aio.server(options=grpc_server_options(o))
+            server.add_generic_rpc_handlers((servicer.handler(),))
+            if o.health_checking:
+                add_health_service(server, health)
+            creds = _credentials(o)
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except (OSError, RuntimeError, StartupError) as e:
         log.error("worker_start_failed worker=%d address=%s: %s", spec.index, address, e)
         remote.conn.close()
         raise SystemExit(3) from None

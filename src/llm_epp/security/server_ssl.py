@@ -1,0 +1,82 @@
+"""TLS for the ext_proc port when grpclib serves it: a Python `ssl.SSLContext` with the same policy as the
+grpcio credentials (TLS 1.2 and 1.3, `--tls-cipher-suites` for the TLS 1.2 suites, ALPN `h2`).
+
+With `--enable-cert-reload` the context looks at tls.crt / tls.key at every new TLS handshake (two `stat`
+calls, through the server-name callback, which OpenSSL runs for every ClientHello, with or without SNI)
+and, when they changed, hands the handshake a new context built from them. A pair that does not load or
+does not match is not taken: the previous one stays and the next handshake tries again, as with grpcio.
+Open connections keep their session."""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import tempfile
+from pathlib import Path
+
+from llm_epp.security.cert_reload import check_pair, file_stamps
+from llm_epp.security.tls import CertificateError, load_cert_dir
+
+log = logging.getLogger(__name__)
+
+
+def server_context(cert: bytes, key: bytes, ciphers: str = "") -> ssl.SSLContext:
+    """A server context for the PEM pair; `ciphers` an OpenSSL list of TLS 1.2 suites ("" keeps the
+    library's defaults). Raises CertificateError when the pair does not load."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["h2"])
+    if ciphers:
+        ctx.set_ciphers(ciphers)
+    with tempfile.TemporaryDirectory(prefix="llm-epp-tls-") as tmp:  # the ssl module loads files only
+        cert_file, key_file = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert_file.write_bytes(cert)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as e:
+            raise CertificateError(f"cannot load the key pair: {e.reason or e}") from None
+    return ctx
+
+
+class ReloadingContext:
+    """`context` serves the pair in `cert_dir` and follows its changes (see the module's docstring)."""
+
+    def __init__(self, cert_dir: str | Path, ciphers: str = "") -> None:
+        self._dir = Path(cert_dir)
+        self._ciphers = ciphers
+        self._stamp = file_stamps(self._dir)
+        cert, key = load_cert_dir(self._dir)
+        check_pair(cert, key)
+        self.context = server_context(cert, key, ciphers)
+        self.context.sni_callback = self._on_hello
+        self._current = self.context
+        self._rejected: object = None
+        self.reloads = 0
+
+    def _on_hello(self, conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        try:
+            stamp = file_stamps(self._dir)
+            if stamp != self._stamp and stamp != self._rejected:
+                try:
+                    cert, key = load_cert_dir(self._dir)
+                    check_pair(cert, key)
+                    fresh = server_context(cert, key, self._ciphers)
+                except CertificateError as e:
+                    self._rejected = stamp
+                    log.warning(
+                        "ext_proc_certificate_reload_failed cert_path=%s reason=%s; keeping the current pair",
+                        self._dir,
+                        e,
+                    )
+                else:
+                    self._stamp, self._rejected, self._current = stamp, None, fresh
+                    self.reloads += 1
+                    log.info("ext_proc_certificate_reloaded cert_path=%s", self._dir)
+            if self._current is not self.context:
+                conn.context = self._current
+        except Exception:  # never break a handshake over a reload problem
+            log.exception("ext_proc_certificate_reload_error cert_path=%s", self._dir)

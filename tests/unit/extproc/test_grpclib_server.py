@@ -1,0 +1,367 @@
+"""The grpclib server of the ext_proc port, spoken to by grpcio clients (Envoy's side is covered by the Envoy
+tests, which run `llm-epp serve` on it): the stream a servicer sees, message limits, resets, health on the
+same port, streams per connection, stop with and without grace, stream metrics, TLS and its reload."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from prometheus_client import CollectorRegistry
+
+from llm_epp.extproc.grpclib_server import PROCESS, ExtProcServer
+from llm_epp.observability.health import (
+    NOT_SERVING,
+    SERVICE,
+    SERVING,
+    HealthState,
+    decode_check_response,
+    decode_list_response,
+    encode_check_request,
+)
+from llm_epp.observability.stream_metrics import StreamMetrics
+from llm_epp.security.server_ssl import ReloadingContext, server_context
+from llm_epp.security.tls import CertificateError, self_signed
+
+EOF = grpc.aio.EOF
+
+
+class Upper:
+    """A servicer's `process`: answers each message with it in capitals, ends at the client's end; records
+    what it saw and how it ended."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.ended: list[str] = []
+        self.entered = asyncio.Event()
+        self.hold: asyncio.Event | None = None  # set: wait for it before each answer
+
+    async def __call__(self, _requests: Any, ctx: Any) -> None:
+        self.entered.set()
+        try:
+            while True:
+                message = await ctx.read()
+                if message is EOF:
+                    self.ended.append("eof")
+                    return
+                self.seen.append(message)
+                if self.hold is not None:
+                    await self.hold.wait()
+                await ctx.write(message.upper() * (1000 if message == b"big" else 1))
+        except asyncio.CancelledError:
+            self.ended.append("cancelled")
+            raise
+
+
+async def _serve(process: Callable[[Any, Any], Awaitable[None]], **kw: Any) -> ExtProcServer:
+    kw.setdefault("max_recv", 1024)
+    kw.setdefault("max_send", 2048)
+    server = ExtProcServer(process, lambda data: data, **kw)
+    server.bind("127.0.0.1", 0)
+    await server.start()
+    return server
+
+
+def _stream(channel: grpc.aio.Channel) -> Any:
+    return channel.stream_stream(PROCESS)()
+
+
+async def test_a_stream_reads_its_messages_and_ends_at_the_clients_end() -> None:
+    process = Upper()
+    server = await _serve(process)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = _stream(channel)
+            for word in (b"one", b"two"):
+                await call.write(word)
+                assert await call.read() == word.upper()
+            await call.done_writing()
+            assert await call.read() == grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+        assert process.seen == [b"one", b"two"]
+        assert process.ended == ["eof"]
+    finally:
+        await server.stop(None)
+
+
+async def test_messages_over_the_limits_are_refused() -> None:
+    process = Upper()
+    server = await _serve(process)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = _stream(channel)
+            await call.write(b"x" * 2000)  # over max_recv: refused from its length, never handed on
+            assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than max (2000 vs. 1024)" in (await call.details())
+            call = _stream(channel)
+            await call.write(b"big")  # answered with 3,000 bytes: over max_send
+            assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert process.seen == [b"big"]
+    finally:
+        await server.stop(None)
+
+
+async def test_a_hostile_length_prefix_allocates_nothing_and_a_compressed_message_is_refused() -> None:
+    """A raw HTTP/2 client announces a 4 GiB message and a compressed one: both are refused at the header."""
+    h2_connection = pytest.importorskip("h2.connection")
+    h2_config = pytest.importorskip("h2.config")
+    process = Upper()
+    server = await _serve(process)
+    try:
+        for frame, status in ((b"\x00\xff\xff\xff\xff", b"8"), (b"\x01\x00\x00\x00\x01x", b"12")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            headers = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", PROCESS),
+                (":authority", "x"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ]
+            conn.send_headers(1, headers)
+            conn.send_data(1, frame)
+            writer.write(conn.data_to_send())
+            trailers: dict[bytes, bytes] = {}
+            while b"grpc-status" not in trailers:
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                assert data, "the connection closed without a status"
+                for event in conn.receive_data(data):
+                    if hasattr(event, "headers") and event.headers:
+                        trailers.update(dict(event.headers))
+                writer.write(conn.data_to_send())
+            assert trailers[b"grpc-status"] == status  # RESOURCE_EXHAUSTED, UNIMPLEMENTED
+            writer.close()
+            await writer.wait_closed()
+        assert process.seen == []
+    finally:
+        await server.stop(None)
+
+
+async def test_a_reset_cancels_the_handler_and_metrics_count_each_ending() -> None:
+    registry = CollectorRegistry()
+    metrics = StreamMetrics(registry)
+    process = Upper()
+    process.hold = asyncio.Event()
+    server = await _serve(process, stream_metrics=metrics)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = _stream(channel)
+            await call.write(b"wait")
+            for _ in range(200):
+                if process.seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert registry.get_sample_value("llm_d_epp_extproc_streams_inflight") == 1
+            call.cancel()
+            for _ in range(200):
+                if process.ended:
+                    break
+                await asyncio.sleep(0.01)
+            assert process.ended == ["cancelled"]
+            process.hold.set()
+            ok = _stream(channel)
+            await ok.write(b"go")
+            assert await ok.read() == b"GO"
+            await ok.done_writing()
+            assert await ok.code() == grpc.StatusCode.OK
+        total = "llm_d_epp_extproc_streams_total"
+        assert registry.get_sample_value(total, {"code": "Canceled"}) == 1
+        assert registry.get_sample_value(total, {"code": "OK"}) == 1
+        assert registry.get_sample_value("llm_d_epp_extproc_streams_inflight") == 0
+    finally:
+        await server.stop(None)
+
+
+async def test_health_is_served_on_the_port_only_when_given() -> None:
+    state = HealthState(synced=True)
+    server = await _serve(Upper(), health=state)
+    bare = await _serve(Upper())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            check = channel.unary_unary(f"/{SERVICE}/Check")
+            assert decode_check_response(await check(encode_check_request(""))) == SERVING
+            state.draining = True
+            assert decode_check_response(await check(encode_check_request(""))) == NOT_SERVING
+            listed = decode_list_response(await channel.unary_unary(f"/{SERVICE}/List")(b""))
+            assert listed and all(v == NOT_SERVING for v in listed.values())
+            with pytest.raises(grpc.aio.AioRpcError) as watch:
+                async for _ in channel.unary_stream(f"/{SERVICE}/Watch")(encode_check_request("")):
+                    pass
+            assert watch.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{bare.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await channel.unary_unary(f"/{SERVICE}/Check")(encode_check_request(""))
+            assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(None)
+        await bare.stop(None)
+
+
+async def test_hundreds_of_streams_share_one_connection() -> None:
+    """h2's own limit is 100 streams per connection; a gateway multiplexing more must not be refused."""
+    process = Upper()
+    process.hold = asyncio.Event()
+    server = await _serve(process)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            calls = [_stream(channel) for _ in range(300)]
+            for i, call in enumerate(calls):
+                await call.write(b"s%d" % i)
+            for _ in range(500):
+                if len(process.seen) == 300:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(process.seen) == 300  # all open at once
+            process.hold.set()
+            answers = await asyncio.gather(*(call.read() for call in calls))
+            assert answers == [b"S%d" % i for i in range(300)]
+            for call in calls:
+                await call.done_writing()
+    finally:
+        await server.stop(None)
+
+
+async def test_stop_with_grace_lets_streams_finish_and_refuses_new_ones() -> None:
+    process = Upper()
+    process.hold = asyncio.Event()
+    server = await _serve(process)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        inflight = _stream(channel)
+        await inflight.write(b"slow")
+        await process.entered.wait()
+        stopping = asyncio.ensure_future(server.stop(30))
+        await asyncio.sleep(0.2)
+        assert not stopping.done()  # waits for the stream in flight
+        with pytest.raises(grpc.aio.AioRpcError) as late:  # a new stream on the open connection
+            await channel.unary_unary(PROCESS)(b"late")
+        assert late.value.code() == grpc.StatusCode.UNAVAILABLE
+        with socket.socket() as probe:  # the listener is closed
+            assert probe.connect_ex(("127.0.0.1", server.port)) != 0
+        process.hold.set()
+        assert await inflight.read() == b"SLOW"
+        await inflight.done_writing()
+        assert await inflight.code() == grpc.StatusCode.OK
+        await asyncio.wait_for(stopping, 10)
+    assert process.ended == ["eof"]
+    assert process.seen == [b"slow"]
+
+
+async def test_stop_without_grace_cancels_streams_in_flight() -> None:
+    process = Upper()
+    process.hold = asyncio.Event()
+    server = await _serve(process)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = _stream(channel)
+        await call.write(b"slow")
+        await process.entered.wait()
+        for _ in range(200):
+            if process.seen:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(server.stop(None), 10)
+        assert process.ended == ["cancelled"]
+        assert await call.code() != grpc.StatusCode.OK
+    assert process.seen == [b"slow"]
+
+
+def test_binding_a_taken_port_raises() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = ExtProcServer(Upper(), bytes, max_recv=1, max_send=1)
+        with pytest.raises(OSError):
+            server.bind("127.0.0.1", taken.getsockname()[1])
+
+
+# --- TLS ---------------------------------------------------------------------------------------------
+
+
+def _write(cert_dir: Path, pair: tuple[bytes, bytes]) -> None:
+    for name, data in (("tls.crt", pair[0]), ("tls.key", pair[1])):
+        tmp = cert_dir / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(cert_dir / name)
+
+
+def _served(port: int) -> tuple[bytes, str | None]:
+    """The certificate a new TLS connection gets (DER) and the protocol ALPN chose; no SNI is sent."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der, tls.selected_alpn_protocol()
+
+
+def _der(cert_pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
+
+
+def _secure(port: int, trusted: bytes) -> grpc.aio.Channel:
+    return grpc.aio.secure_channel(
+        f"127.0.0.1:{port}",
+        grpc.ssl_channel_credentials(root_certificates=trusted),
+        options=(("grpc.ssl_target_name_override", "localhost"),),
+    )
+
+
+async def test_tls_serves_h2_to_grpc_clients_with_the_given_pair() -> None:
+    pair = self_signed()
+    server = await _serve(Upper(), ssl_context=server_context(*pair, "ECDHE-ECDSA-AES128-GCM-SHA256"))
+    try:
+        assert await asyncio.to_thread(_served, server.port) == (_der(pair[0]), "h2")
+        async with _secure(server.port, pair[0]) as channel:
+            call = _stream(channel)
+            await call.write(b"tls")
+            assert await call.read() == b"TLS"
+            await call.done_writing()
+    finally:
+        await server.stop(None)
+
+
+def test_a_pair_that_does_not_match_is_refused() -> None:
+    first, second = self_signed(), self_signed()
+    with pytest.raises(CertificateError, match="cannot load the key pair"):
+        server_context(first[0], second[1])
+
+
+async def test_reload_new_connections_get_the_new_pair_open_streams_continue(tmp_path: Path) -> None:
+    first, second = self_signed(), self_signed()
+    _write(tmp_path, first)
+    reloading = ReloadingContext(tmp_path)
+    server = await _serve(Upper(), ssl_context=reloading.context)
+    try:
+        old = _secure(server.port, first[0])
+        call = _stream(old)
+        await call.write(b"before")
+        assert await call.read() == b"BEFORE"
+
+        (tmp_path / "tls.crt").write_bytes(second[0])  # half written: the key is still the old one
+        assert (await asyncio.to_thread(_served, server.port))[0] == _der(first[0])
+        assert reloading.reloads == 0
+        _write(tmp_path, second)
+        assert await asyncio.to_thread(_served, server.port) == (_der(second[0]), "h2")
+        assert reloading.reloads == 1
+        async with _secure(server.port, second[0]) as new:
+            fresh = _stream(new)
+            await fresh.write(b"new")
+            assert await fresh.read() == b"NEW"
+            await fresh.done_writing()
+        await call.write(b"after")  # the stream opened on the old pair goes on
+        assert await call.read() == b"AFTER"
+        await call.done_writing()
+        await old.close()
+    finally:
+        await server.stop(None)
