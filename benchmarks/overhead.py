@@ -810,11 +810,12 @@ def part_rss(args: argparse.Namespace, workdir: Path, out: list[str]) -> None:
 
 
 @contextmanager
-def run_trivial_picker(endpoints: list[str], workdir: Path) -> Iterator[tuple[int, int]]:
+def run_trivial_picker(endpoints: list[str], workdir: Path, transport: str = "grpcio") -> Iterator[tuple[int, int]]:
     """``benchmarks.trivial_picker`` on a free port; yields (port, pid) once it serves."""
     ports_file = workdir / f"trivial-{time.monotonic_ns()}.json"
     log = open(workdir / "trivial-picker.log", "wb")
     cmd = [sys.executable, "-m", "benchmarks.trivial_picker", "--endpoints", ",".join(endpoints)]
+    cmd += ["--transport", transport]
     proc = subprocess.Popen(
         [*cmd, "--ports-file", str(ports_file)], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)
     )
@@ -836,6 +837,7 @@ def run_trivial_picker(endpoints: list[str], workdir: Path) -> Iterator[tuple[in
 
 
 TRIVIAL = "Envoy + trivial picker"
+TRIVIAL_GRPCLIB = "Envoy + trivial picker on grpclib"
 EPP_PLAIN = "Envoy + llm-epp (default, plaintext)"
 EPP_TLS = "Envoy + llm-epp (default, TLS)"
 
@@ -883,6 +885,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 )
             )
             tport, tpid = stack.enter_context(run_trivial_picker(addrs, workdir))
+            gport, gpid = stack.enter_context(run_trivial_picker(addrs, workdir, "grpclib"))
             gws = {
                 RR: EnvoyProcess(
                     build_bootstrap(
@@ -892,6 +895,9 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 TRIVIAL: EnvoyProcess(
                     build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=tport, epp_tls=False))
                 ),
+                TRIVIAL_GRPCLIB: EnvoyProcess(
+                    build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=gport, epp_tls=False))
+                ),
                 epp_name: EnvoyProcess(
                     build_bootstrap(
                         EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=epp.grpc_port, epp_tls=args.picker_tls)
@@ -900,9 +906,9 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             }
             for g in gws.values():
                 stack.enter_context(g)
-            gws[TRIVIAL].wait_cluster_healthy("epp", timeout=30)
-            gws[epp_name].wait_cluster_healthy("epp", timeout=30)
-            pids = {TRIVIAL: tpid, epp_name: epp.pid}
+            for name in (TRIVIAL, TRIVIAL_GRPCLIB, epp_name):
+                gws[name].wait_cluster_healthy("epp", timeout=30)
+            pids = {TRIVIAL: tpid, TRIVIAL_GRPCLIB: gpid, epp_name: epp.pid}
             closed = {name: Result(name) for name in gws}
             bodies = {name: prompt_bodies(args.seed, f"p{i}", 300) for i, name in enumerate(gws)}
             for name, g in gws.items():  # warm-up: connections, caches, the first picks
@@ -956,7 +962,9 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
         out.append(f"### llm-epp beside a trivial ext_proc picker ({tls}; llm-epp args: `{' '.join(extra) or '-'}`)\n")
         out.append(
             "The trivial picker (`benchmarks/trivial_picker.py`: grpc.aio on uvloop, `context.read()/write()`, "
-            "pre-serialised answers, endpoints in turn) and llm-epp (default configuration: prefix, queue and "
+            "pre-serialised answers, endpoints in turn; the goal's yardstick), the same loop behind llm-epp's own "
+            "grpclib server (`--transport grpclib`: the floor of llm-epp's default transport) and llm-epp "
+            "(default configuration: prefix, queue and "
             "KV-cache scorers, metrics scraped every 50 ms) sit behind the same Envoy configuration "
             "(`llm-epp envoy-config` defaults); backends are Envoy `direct_response` listeners. Targets alternate "
             "within each round, in reverse order every other round. CPU = user + system seconds of the picker "
@@ -988,6 +996,15 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                     + (f"; median {statistics.median(paired):.2f}x" if len(paired) > 1 else "")
                     + ". On a shared machine one round says little: compare medians over several rounds.\n"
                 )
+            g = closed.get(TRIVIAL_GRPCLIB)
+            if g and e and g.rps and e.rps and g.epp_ms_per_req and e.epp_ms_per_req:
+                paired = [x / y for x, y in zip(e.epp_ms_per_req, g.epp_ms_per_req, strict=False)]
+                out.append(
+                    f"Above its own transport's floor (the trivial picker on grpclib): CPU per request "
+                    f"{statistics.median(e.epp_ms_per_req) / statistics.median(g.epp_ms_per_req):.2f}x "
+                    f"(round by round {', '.join(f'{r:.2f}x' for r in paired)}), throughput "
+                    f"{statistics.median(e.rps) / statistics.median(g.rps):.2f}x.\n"
+                )
         elif not have_wrk:
             out.append("Closed loop skipped: wrk is not installed (Debian: apt-get install wrk).\n")
         if cells:
@@ -999,7 +1016,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             out.append("|---|---|---|---|---|---|---|---|---|")
             for rate in rates:
                 rr = cells.get((RR, rate))
-                for name in (RR, TRIVIAL, epp_name):
+                for name in (RR, TRIVIAL, TRIVIAL_GRPCLIB, epp_name):
                     c = cells.get((name, rate))
                     if c is None:
                         continue

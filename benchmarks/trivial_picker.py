@@ -7,12 +7,17 @@ SKIP, response body NONE, response trailers SEND) and picks endpoints in turn, w
 It exists to be measured beside llm-epp (``benchmarks.overhead --part picker``): whatever llm-epp spends above
 it per request is llm-epp's own cost, not the price of Python, gRPC or the protocol.
 
+With ``--transport grpclib`` the same loop runs behind llm-epp's own ext_proc server
+(``llm_epp.extproc.grpclib_server``, llm-epp's default transport): the floor of that transport.
+
     python -m benchmarks.trivial_picker --endpoints 127.0.0.1:8001,127.0.0.1:8002 [--port 0] [--ports-file F]
+        [--transport grpcio|grpclib]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -43,7 +48,7 @@ def answers(endpoints: list[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     return routes, metadata
 
 
-def serve(endpoints: list[str], port: int, ports_file: Path | None) -> None:
+def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: str = "grpcio") -> None:
     import grpc
     import uvloop
     from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -100,6 +105,18 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None) -> None:
                 await write(rsp_trailers)
                 return
 
+    async def main_grpclib() -> None:
+        from llm_epp.extproc.grpclib_server import ExtProcServer
+
+        server = ExtProcServer(process, pb.ProcessingRequest.FromString, max_recv=64 << 20, max_send=64 << 20)
+        bound = server.bind("127.0.0.1", port)
+        await server.start()
+        if ports_file is not None:
+            tmp = ports_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"grpc": bound}))
+            tmp.rename(ports_file)
+        await asyncio.Event().wait()
+
     async def main() -> None:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 << 20)])
         server.add_generic_rpc_handlers(
@@ -122,7 +139,7 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None) -> None:
             tmp.rename(ports_file)
         await server.wait_for_termination()
 
-    uvloop.run(main())
+    uvloop.run(main_grpclib() if transport == "grpclib" else main())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,12 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", required=True, help="comma-separated ip:port list, picked in turn")
     p.add_argument("--port", type=int, default=0, help="gRPC port on 127.0.0.1 (default 0: a free one)")
     p.add_argument("--ports-file", type=Path, help='write {"grpc": port} here once serving')
+    p.add_argument(
+        "--transport",
+        choices=("grpcio", "grpclib"),
+        default="grpcio",
+        help="grpcio (default: the floor as the reference notes build it) or grpclib (llm-epp's own ext_proc "
+        "server, extproc/grpclib_server.py, around the same loop: the floor of llm-epp's default transport)",
+    )
     args = p.parse_args(argv)
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if not endpoints:
         p.error("--endpoints: give at least one ip:port")
     try:
-        serve(endpoints, args.port, args.ports_file)
+        serve(endpoints, args.port, args.ports_file, args.transport)
     except KeyboardInterrupt:
         pass
     return 0

@@ -77,6 +77,7 @@ def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -
     assert set(by_target) == {
         "Envoy ROUND_ROBIN (no EPP)",
         "Envoy + trivial picker",
+        "Envoy + trivial picker on grpclib",
         "Envoy + llm-epp (default, plaintext)",
     }
     for name, r in by_target.items():
@@ -87,6 +88,9 @@ def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -
     if "Closed loop (wrk" in text:  # wrk installed: the CPU and throughput ratio line
         assert re.search(rf"CPU per request {NUM}x, throughput {NUM}x", text)
         assert re.search(rf"CPU per request round by round \(.*\): {NUM}x\.", text)  # --smoke: one round
+        assert re.search(
+            rf"transport's floor .*: CPU per request {NUM}x \(round by round {NUM}x\), throughput {NUM}x", text
+        )
 
 
 def test_the_stand_in_backends_label_their_answers_with_the_content_type_asked_for() -> None:

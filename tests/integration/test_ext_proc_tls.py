@@ -44,10 +44,12 @@ def _der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
 
 
-def test_cipher_suites_and_cert_reload(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["grpclib", "grpcio"])
+def test_cipher_suites_and_cert_reload(tmp_path: Path, transport: str) -> None:
     first, second = self_signed(), self_signed()  # ECDSA P-256 keys
     _write(tmp_path, first)
     args = (
+        f"--grpc-transport={transport}",
         "--endpoints",
         "127.0.0.1:1",
         "--cert-path",

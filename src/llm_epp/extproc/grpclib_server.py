@@ -146,10 +146,13 @@ class _Server(Server):
         self.connections.add(protocol)
         return protocol
 
-    def close_connections(self) -> None:
+    async def close_connections(self) -> None:
+        """Drops every connection still open (the streams on them are over) and lets the loop release their
+        sockets."""
         for protocol in list(self.connections):
-            if protocol.transport is not None:
-                protocol.transport.close()
+            if protocol.transport is not None and not protocol.transport.is_closing():
+                protocol.transport.abort()
+        await asyncio.sleep(0)
 
 
 class ExtProcServer:
@@ -226,7 +229,7 @@ class ExtProcServer:
                 log.info("ext_proc_streams_cancelled_at_stop streams=%d grace=%.1fs", self._streams, grace)
         server.close()  # cancels the streams still in flight
         await server.wait_closed()
-        server.close_connections()
+        await server.close_connections()
         self._server = None
 
     # --- grpclib's IServable -----------------------------------------------------------------------------
