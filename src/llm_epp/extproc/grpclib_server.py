@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
@@ -84,20 +85,18 @@ async def _receive(stream: Any, max_size: int) -> bytes | None:
     """The next message's bytes, or None at the end of the client's side; refuses one above `max_size`
     before reading it."""
     raw = stream._stream  # grpclib's protocol stream: the DATA buffer
-    head = await raw.recv_data(5)
-    if not head:
-        return None
-    if len(head) < 5:
-        raise GRPCError(Status.INTERNAL, "truncated message header")
-    if head[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    size = int.from_bytes(head[1:5], "big")
-    if size > max_size:
-        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {max_size})")
-    data = await raw.recv_data(size)
-    if len(data) < size:
-        raise GRPCError(Status.INTERNAL, "the stream ended inside a message")
-    return data
+    try:
+        head = await raw.recv_data(5)
+        if not head:
+            return None
+        if head[0]:
+            raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+        size = int.from_bytes(head[1:5], "big")
+        if size > max_size:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {max_size})")
+        return await raw.recv_data(size)
+    except AssertionError:  # grpclib's buffer: the client's side ended inside a message
+        raise GRPCError(Status.INTERNAL, "the stream ended inside a message") from None
 
 
 class _Context:
@@ -110,7 +109,12 @@ class _Context:
 
         async def read() -> Any:
             data = await _receive(stream, max_recv)
-            return _EOF if data is None else decode(data)
+            if data is None:
+                return _EOF
+            try:
+                return decode(data)
+            except DecodeError as e:
+                raise GRPCError(Status.INTERNAL, f"cannot parse the message: {e}") from None
 
         async def write(answer: bytes) -> None:
             if len(answer) > max_send:

@@ -109,14 +109,20 @@ async def test_messages_over_the_limits_are_refused() -> None:
         await server.stop(None)
 
 
-async def test_a_hostile_length_prefix_allocates_nothing_and_a_compressed_message_is_refused() -> None:
-    """A raw HTTP/2 client announces a 4 GiB message and a compressed one: both are refused at the header."""
+async def test_a_hostile_length_prefix_allocates_nothing_and_bad_framing_is_refused() -> None:
+    """A raw HTTP/2 client announces a 4 GiB message, a compressed one, and one its stream ends inside: each
+    is refused with its status, and nothing reaches the handler."""
     h2_connection = pytest.importorskip("h2.connection")
     h2_config = pytest.importorskip("h2.config")
     process = Upper()
     server = await _serve(process)
     try:
-        for frame, status in ((b"\x00\xff\xff\xff\xff", b"8"), (b"\x01\x00\x00\x00\x01x", b"12")):
+        cases = (
+            (b"\x00\xff\xff\xff\xff", b"8"),  # RESOURCE_EXHAUSTED
+            (b"\x01\x00\x00\x00\x01x", b"12"),  # UNIMPLEMENTED
+            (b"\x00\x00\x00\x00\x0aabc", b"13"),  # INTERNAL: 10 bytes announced, 3 sent, then the end
+        )
+        for frame, status in cases:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
             conn.initiate_connection()
@@ -129,7 +135,7 @@ async def test_a_hostile_length_prefix_allocates_nothing_and_a_compressed_messag
                 ("te", "trailers"),
             ]
             conn.send_headers(1, headers)
-            conn.send_data(1, frame)
+            conn.send_data(1, frame, end_stream=status == b"13")
             writer.write(conn.data_to_send())
             trailers: dict[bytes, bytes] = {}
             while b"grpc-status" not in trailers:
@@ -139,10 +145,32 @@ async def test_a_hostile_length_prefix_allocates_nothing_and_a_compressed_messag
                     if hasattr(event, "headers") and event.headers:
                         trailers.update(dict(event.headers))
                 writer.write(conn.data_to_send())
-            assert trailers[b"grpc-status"] == status  # RESOURCE_EXHAUSTED, UNIMPLEMENTED
+            assert trailers[b"grpc-status"] == status
             writer.close()
             await writer.wait_closed()
         assert process.seen == []
+    finally:
+        await server.stop(None)
+
+
+async def test_a_message_that_does_not_parse_is_refused_with_the_reason() -> None:
+    from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
+
+    seen: list[Any] = []
+
+    async def process(_requests: Any, ctx: Any) -> None:
+        seen.append(await ctx.read())
+
+    server = ExtProcServer(process, ProcessingRequest.FromString, max_recv=1024, max_send=1024)
+    server.bind("127.0.0.1", 0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await channel.unary_unary(PROCESS)(b"\xff\xff\xff")
+            assert bad.value.code() == grpc.StatusCode.INTERNAL
+            assert "cannot parse the message" in (bad.value.details() or "")
+        assert seen == []
     finally:
         await server.stop(None)
 
