@@ -204,16 +204,32 @@ def test_oversized_body_gets_413(backends: BackendPool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tls", "request_body_mode", "response_body_mode"),
+    ("tls", "request_body_mode", "response_body_mode", "transport"),
     [
-        (False, "FULL_DUPLEX_STREAMED", "NONE"),
-        (True, "BUFFERED", "NONE"),
-        (False, "BUFFERED", "FULL_DUPLEX_STREAMED"),
+        (False, "FULL_DUPLEX_STREAMED", "NONE", "grpclib"),
+        (True, "BUFFERED", "NONE", "grpclib"),
+        (False, "BUFFERED", "FULL_DUPLEX_STREAMED", "grpclib"),
+        (False, "FULL_DUPLEX_STREAMED", "NONE", "grpcio"),
+        (True, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", "grpcio"),
     ],
-    ids=["plaintext-fds", "tls-buffered", "plaintext-buffered-fds-response"],
+    ids=[
+        "plaintext-fds",
+        "tls-buffered",
+        "plaintext-buffered-fds-response",
+        "grpcio-plaintext-fds",
+        "grpcio-tls-fds-fds-response",
+    ],
 )
-def test_modes_and_transport(backends: BackendPool, tls: bool, request_body_mode: str, response_body_mode: str) -> None:
-    s = start_stack(backends, tls=tls, request_body_mode=request_body_mode, response_body_mode=response_body_mode)
+def test_modes_and_transport(
+    backends: BackendPool, tls: bool, request_body_mode: str, response_body_mode: str, transport: str
+) -> None:
+    s = start_stack(
+        backends,
+        tls=tls,
+        request_body_mode=request_body_mode,
+        response_body_mode=response_body_mode,
+        epp_args=(f"--grpc-transport={transport}",),
+    )
     try:
         with httpx.Client(timeout=30) as c:
             for _ in range(10):

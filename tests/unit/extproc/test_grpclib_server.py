@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
 from llm_epp.extproc.grpclib_server import PROCESS, ExtProcServer
@@ -30,6 +27,7 @@ from llm_epp.observability.health import (
 from llm_epp.observability.stream_metrics import StreamMetrics
 from llm_epp.security.server_ssl import ReloadingContext, server_context
 from llm_epp.security.tls import CertificateError, self_signed
+from tests.unit.security.tls_probe import der, secure_channel, served, write_pair
 
 EOF = grpc.aio.EOF
 
@@ -41,11 +39,9 @@ class Upper:
     def __init__(self) -> None:
         self.seen: list[bytes] = []
         self.ended: list[str] = []
-        self.entered = asyncio.Event()
         self.hold: asyncio.Event | None = None  # set: wait for it before each answer
 
     async def __call__(self, _requests: Any, ctx: Any) -> None:
-        self.entered.set()
         try:
             while True:
                 message = await ctx.read()
@@ -72,6 +68,22 @@ async def _serve(process: Callable[[Any, Any], Awaitable[None]], **kw: Any) -> E
 
 def _stream(channel: grpc.aio.Channel) -> Any:
     return channel.stream_stream(PROCESS)()
+
+
+async def _until(cond: Callable[[], object], what: str) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _held(channel: grpc.aio.Channel, process: Upper) -> Any:
+    """A stream whose first message the handler has read and holds (`process.hold` not set)."""
+    call = _stream(channel)
+    await call.write(b"slow")
+    await _until(lambda: process.seen, "the handler to read the message")
+    return call
 
 
 async def test_a_stream_reads_its_messages_and_ends_at_the_clients_end() -> None:
@@ -183,18 +195,10 @@ async def test_a_reset_cancels_the_handler_and_metrics_count_each_ending() -> No
     server = await _serve(process, stream_metrics=metrics)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            call = _stream(channel)
-            await call.write(b"wait")
-            for _ in range(200):
-                if process.seen:
-                    break
-                await asyncio.sleep(0.01)
+            call = await _held(channel, process)
             assert registry.get_sample_value("llm_d_epp_extproc_streams_inflight") == 1
             call.cancel()
-            for _ in range(200):
-                if process.ended:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: process.ended, "the handler to end")
             assert process.ended == ["cancelled"]
             process.hold.set()
             ok = _stream(channel)
@@ -245,11 +249,7 @@ async def test_hundreds_of_streams_share_one_connection() -> None:
             calls = [_stream(channel) for _ in range(300)]
             for i, call in enumerate(calls):
                 await call.write(b"s%d" % i)
-            for _ in range(500):
-                if len(process.seen) == 300:
-                    break
-                await asyncio.sleep(0.01)
-            assert len(process.seen) == 300  # all open at once
+            await _until(lambda: len(process.seen) == 300, "all 300 streams open at once")
             process.hold.set()
             answers = await asyncio.gather(*(call.read() for call in calls))
             assert answers == [b"S%d" % i for i in range(300)]
@@ -264,9 +264,7 @@ async def test_stop_with_grace_lets_streams_finish_and_refuses_new_ones() -> Non
     process.hold = asyncio.Event()
     server = await _serve(process)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        inflight = _stream(channel)
-        await inflight.write(b"slow")
-        await process.entered.wait()
+        inflight = await _held(channel, process)
         stopping = asyncio.ensure_future(server.stop(30))
         await asyncio.sleep(0.2)
         assert not stopping.done()  # waits for the stream in flight
@@ -289,13 +287,7 @@ async def test_stop_without_grace_cancels_streams_in_flight() -> None:
     process.hold = asyncio.Event()
     server = await _serve(process)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = _stream(channel)
-        await call.write(b"slow")
-        await process.entered.wait()
-        for _ in range(200):
-            if process.seen:
-                break
-            await asyncio.sleep(0.01)
+        call = await _held(channel, process)
         await asyncio.wait_for(server.stop(None), 10)
         assert process.ended == ["cancelled"]
         assert await call.code() != grpc.StatusCode.OK
@@ -314,43 +306,12 @@ def test_binding_a_taken_port_raises() -> None:
 # --- TLS ---------------------------------------------------------------------------------------------
 
 
-def _write(cert_dir: Path, pair: tuple[bytes, bytes]) -> None:
-    for name, data in (("tls.crt", pair[0]), ("tls.key", pair[1])):
-        tmp = cert_dir / f".{name}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(cert_dir / name)
-
-
-def _served(port: int) -> tuple[bytes, str | None]:
-    """The certificate a new TLS connection gets (DER) and the protocol ALPN chose; no SNI is sent."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-        assert der is not None
-        return der, tls.selected_alpn_protocol()
-
-
-def _der(cert_pem: bytes) -> bytes:
-    return x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
-
-
-def _secure(port: int, trusted: bytes) -> grpc.aio.Channel:
-    return grpc.aio.secure_channel(
-        f"127.0.0.1:{port}",
-        grpc.ssl_channel_credentials(root_certificates=trusted),
-        options=(("grpc.ssl_target_name_override", "localhost"),),
-    )
-
-
 async def test_tls_serves_h2_to_grpc_clients_with_the_given_pair() -> None:
     pair = self_signed()
     server = await _serve(Upper(), ssl_context=server_context(*pair, "ECDHE-ECDSA-AES128-GCM-SHA256"))
     try:
-        assert await asyncio.to_thread(_served, server.port) == (_der(pair[0]), "h2")
-        async with _secure(server.port, pair[0]) as channel:
+        assert await asyncio.to_thread(served, server.port) == (der(pair[0]), "h2")
+        async with secure_channel(server.port, pair[0]) as channel:
             call = _stream(channel)
             await call.write(b"tls")
             assert await call.read() == b"TLS"
@@ -367,22 +328,22 @@ def test_a_pair_that_does_not_match_is_refused() -> None:
 
 async def test_reload_new_connections_get_the_new_pair_open_streams_continue(tmp_path: Path) -> None:
     first, second = self_signed(), self_signed()
-    _write(tmp_path, first)
+    write_pair(tmp_path, first)
     reloading = ReloadingContext(tmp_path)
     server = await _serve(Upper(), ssl_context=reloading.context)
     try:
-        old = _secure(server.port, first[0])
+        old = secure_channel(server.port, first[0])
         call = _stream(old)
         await call.write(b"before")
         assert await call.read() == b"BEFORE"
 
         (tmp_path / "tls.crt").write_bytes(second[0])  # half written: the key is still the old one
-        assert (await asyncio.to_thread(_served, server.port))[0] == _der(first[0])
+        assert (await asyncio.to_thread(served, server.port))[0] == der(first[0])
         assert reloading.reloads == 0
-        _write(tmp_path, second)
-        assert await asyncio.to_thread(_served, server.port) == (_der(second[0]), "h2")
+        write_pair(tmp_path, second)
+        assert await asyncio.to_thread(served, server.port) == (der(second[0]), "h2")
         assert reloading.reloads == 1
-        async with _secure(server.port, second[0]) as new:
+        async with secure_channel(server.port, second[0]) as new:
             fresh = _stream(new)
             await fresh.write(b"new")
             assert await fresh.read() == b"NEW"

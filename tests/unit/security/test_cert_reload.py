@@ -3,43 +3,17 @@ opened before keeps working."""
 
 from __future__ import annotations
 
-import socket
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from llm_epp.security.cert_reload import CertReloader, check_pair
 from llm_epp.security.tls import CertificateError, self_signed
+from tests.unit.security.tls_probe import der, secure_channel, served, write_pair
 
 METHOD = "/test.Echo/Chat"
-
-
-def _write(cert_dir: Path, pair: tuple[bytes, bytes]) -> None:
-    cert, key = pair
-    for name, data in (("tls.crt", cert), ("tls.key", key)):
-        tmp = cert_dir / f".{name}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(cert_dir / name)  # a new inode, as a Kubernetes secret update
-
-
-def _served_certificate(port: int) -> bytes:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return der
-
-
-def _der(cert_pem: bytes) -> bytes:
-    return x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
 
 
 async def _echo(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -47,17 +21,9 @@ async def _echo(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContex
         yield message
 
 
-def _channel(port: int, trusted_cert: bytes) -> grpc.aio.Channel:
-    return grpc.aio.secure_channel(
-        f"127.0.0.1:{port}",
-        grpc.ssl_channel_credentials(root_certificates=trusted_cert),
-        options=(("grpc.ssl_target_name_override", "localhost"),),
-    )
-
-
 async def test_new_connections_get_the_new_pair_and_open_streams_continue(tmp_path: Path) -> None:
     first, second = self_signed(), self_signed()
-    _write(tmp_path, first)
+    write_pair(tmp_path, first)
     reloader = CertReloader(tmp_path)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
@@ -66,21 +32,21 @@ async def test_new_connections_get_the_new_pair_and_open_streams_continue(tmp_pa
     port = server.add_secure_port("127.0.0.1:0", reloader.credentials())
     await server.start()
     try:
-        old = _channel(port, first[0])
+        old = secure_channel(port, first[0])
         call = old.stream_stream(METHOD)()
         await call.write(b"before")
         assert await call.read() == b"before"
-        assert _served_certificate(port) == _der(first[0])
+        assert served(port)[0] == der(first[0])
 
-        _write(tmp_path, second)
-        assert _served_certificate(port) == _der(second[0])  # a new connection sees the new certificate
+        write_pair(tmp_path, second)
+        assert served(port)[0] == der(second[0])  # a new connection sees the new certificate
         assert reloader.reloads == 1
-        new = _channel(port, second[0])
+        new = secure_channel(port, second[0])
         fresh = new.stream_stream(METHOD)()
         await fresh.write(b"new")
         assert await fresh.read() == b"new"
         await fresh.done_writing()
-        stale = _channel(port, first[0])  # trusts only the replaced certificate
+        stale = secure_channel(port, first[0])  # trusts only the replaced certificate
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stale.unary_unary(METHOD)(b"x", timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -96,7 +62,7 @@ async def test_new_connections_get_the_new_pair_and_open_streams_continue(tmp_pa
 
 async def test_a_half_written_or_broken_pair_keeps_the_current_one(tmp_path: Path) -> None:
     first, second = self_signed(), self_signed()
-    _write(tmp_path, first)
+    write_pair(tmp_path, first)
     reloader = CertReloader(tmp_path)
     assert reloader.fetch() is None  # unchanged
     (tmp_path / "tls.crt").write_bytes(second[0])  # key not yet replaced
