@@ -510,10 +510,15 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     if shared_guard:
         interceptors.append(guard)
     address = f"{opts.bind_address}:{opts.grpc_port}"
-    creds = _credentials(opts)
-    servers: list[Any] = []  # grpc.aio.Server, or the worker pool (same start/stop)
+    transport = opts.ext_proc_transport()
+    servers: list[Any] = []  # grpc.aio.Server, ExtProcServer, or the worker pool (same start/stop)
     port = 0
-    if opts.workers <= 1 and opts.ext_proc_transport() == "grpclib":
+    if opts.workers > 1:  # the workers serve; a TLS setup that cannot load stops the start here, before them
+        if transport == "grpclib":
+            _ssl_context(opts)
+        else:
+            _credentials(opts)
+    elif transport == "grpclib":
         lib_server = ext_proc_server(
             opts,
             c.servicer.process,
@@ -525,7 +530,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         except OSError as e:
             raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
         servers.append(lib_server)
-    elif opts.workers <= 1:
+    else:
+        creds = _credentials(opts)
         server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)
         handlers: list[grpc.GenericRpcHandler] = [c.servicer.handler()]
         if shared_guard:
@@ -589,11 +595,12 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     gc.freeze()
     c.health.synced = c.datastore.synced
     log.info(
-        "serving grpc_port=%s health_port=%d metrics_port=%d tls=%s endpoints=%d pick_api=%s",
+        "serving grpc_port=%s transport=%s health_port=%d metrics_port=%d tls=%s endpoints=%d pick_api=%s",
         ",".join(map(str, pool.ports)) if pool is not None else port,
+        transport,
         health_port,
         metrics.port,
-        creds is not None,
+        opts.secure_serving,
         len(c.datastore),
         f"port {pick_port}" if guard is not None else "off",
     )
