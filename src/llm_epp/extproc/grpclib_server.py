@@ -54,6 +54,7 @@ from llm_epp.observability.health import (
     encode_list_response,
     log_check,
 )
+from llm_epp.observability.stream_metrics import GO_CODE_NAMES
 
 if TYPE_CHECKING:
     from llm_epp.observability.stream_metrics import StreamMetrics
@@ -295,6 +296,4 @@ class ExtProcServer:
 
 def _go_code(status: Status) -> str:
     """Go's codes.Code.String() of a grpclib status, as the grpcio interceptor labels streams."""
-    from llm_epp.observability.stream_metrics import GO_CODE_NAMES
-
     return GO_CODE_NAMES[grpc.StatusCode[status.name]]

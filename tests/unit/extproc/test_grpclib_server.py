@@ -105,8 +105,9 @@ async def test_a_stream_reads_its_messages_and_ends_at_the_clients_end() -> None
 
 
 async def test_messages_over_the_limits_are_refused() -> None:
+    registry = CollectorRegistry()
     process = Upper()
-    server = await _serve(process)
+    server = await _serve(process, stream_metrics=StreamMetrics(registry))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             call = _stream(channel)
@@ -117,6 +118,8 @@ async def test_messages_over_the_limits_are_refused() -> None:
             await call.write(b"big")  # answered with 3,000 bytes: over max_send
             assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert process.seen == [b"big"]
+        total = "llm_d_epp_extproc_streams_total"
+        assert registry.get_sample_value(total, {"code": "ResourceExhausted"}) == 2  # Go's name for the code
     finally:
         await server.stop(None)
 
