@@ -253,6 +253,7 @@ def _serve_parser(p: _Parser) -> None:
     serving.add_argument(
         "--grpc-transport",
         choices=("auto", "grpclib", "grpcio"),
+        metavar="auto|grpclib|grpcio",
         default="auto",
         help="what serves the ext_proc port: grpclib (HTTP/2 in the event loop's thread, ~20%% less CPU per "
         "request) or grpcio; auto (default) is grpclib unless the direct-routing API shares the port",
