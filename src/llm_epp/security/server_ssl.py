@@ -15,8 +15,8 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from llm_epp.security.cert_reload import check_pair, file_stamps
-from llm_epp.security.tls import CertificateError, load_cert_dir
+from llm_epp.security.cert_reload import PairFiles
+from llm_epp.security.tls import CertificateError
 
 log = logging.getLogger(__name__)
 
@@ -46,37 +46,25 @@ class ReloadingContext:
     """`context` serves the pair in `cert_dir` and follows its changes (see the module's docstring)."""
 
     def __init__(self, cert_dir: str | Path, ciphers: str = "") -> None:
-        self._dir = Path(cert_dir)
+        self._files = PairFiles(cert_dir)
         self._ciphers = ciphers
-        self._stamp = file_stamps(self._dir)
-        cert, key = load_cert_dir(self._dir)
-        check_pair(cert, key)
-        self.context = server_context(cert, key, ciphers)
+        self.context = server_context(*self._files.initial, ciphers)
         self.context.sni_callback = self._on_hello
         self._current = self.context
-        self._rejected: object = None
-        self.reloads = 0
+
+    @property
+    def reloads(self) -> int:
+        return self._files.reloads
+
+    def _build(self, cert: bytes, key: bytes) -> ssl.SSLContext:
+        return server_context(cert, key, self._ciphers)
 
     def _on_hello(self, conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
         try:
-            stamp = file_stamps(self._dir)
-            if stamp != self._stamp and stamp != self._rejected:
-                try:
-                    cert, key = load_cert_dir(self._dir)
-                    check_pair(cert, key)
-                    fresh = server_context(cert, key, self._ciphers)
-                except CertificateError as e:
-                    self._rejected = stamp
-                    log.warning(
-                        "ext_proc_certificate_reload_failed cert_path=%s reason=%s; keeping the current pair",
-                        self._dir,
-                        e,
-                    )
-                else:
-                    self._stamp, self._rejected, self._current = stamp, None, fresh
-                    self.reloads += 1
-                    log.info("ext_proc_certificate_reloaded cert_path=%s", self._dir)
+            fresh = self._files.changed(self._build)
+            if fresh is not None:
+                self._current = fresh
             if self._current is not self.context:
                 conn.context = self._current
         except Exception:  # never break a handshake over a reload problem
-            log.exception("ext_proc_certificate_reload_error cert_path=%s", self._dir)
+            log.exception("ext_proc_certificate_reload_error cert_path=%s", self._files.dir)
