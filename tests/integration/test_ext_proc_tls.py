@@ -60,6 +60,7 @@ def test_cipher_suites_and_cert_reload(tmp_path: Path, transport: str) -> None:
         "--tls-min-version=VersionTLS12",
     )
     with EppProcess(*args) as epp:
+        assert f"transport={transport}" in epp.log()  # the flag chose what serves the port
         port = epp.grpc_port
         der, cipher = _handshake(port, tls12=True)
         assert der == _der(first[0])
