@@ -837,7 +837,7 @@ def run_trivial_picker(endpoints: list[str], workdir: Path, transport: str = "gr
 
 
 TRIVIAL = "Envoy + trivial picker"
-TRIVIAL_GRPCLIB = "Envoy + trivial picker on grpclib"
+TRIVIAL_ASYNCIO = "Envoy + trivial picker on llm-epp's asyncio server"
 EPP_PLAIN = "Envoy + llm-epp (default, plaintext)"
 EPP_TLS = "Envoy + llm-epp (default, TLS)"
 
@@ -885,7 +885,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 )
             )
             tport, tpid = stack.enter_context(run_trivial_picker(addrs, workdir))
-            gport, gpid = stack.enter_context(run_trivial_picker(addrs, workdir, "grpclib"))
+            gport, gpid = stack.enter_context(run_trivial_picker(addrs, workdir, "asyncio"))
             gws = {
                 RR: EnvoyProcess(
                     build_bootstrap(
@@ -895,7 +895,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                 TRIVIAL: EnvoyProcess(
                     build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=tport, epp_tls=False))
                 ),
-                TRIVIAL_GRPCLIB: EnvoyProcess(
+                TRIVIAL_ASYNCIO: EnvoyProcess(
                     build_bootstrap(EnvoyConfigOptions(listen_port=0, admin_port=0, epp_port=gport, epp_tls=False))
                 ),
                 epp_name: EnvoyProcess(
@@ -906,9 +906,9 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             }
             for g in gws.values():
                 stack.enter_context(g)
-            for name in (TRIVIAL, TRIVIAL_GRPCLIB, epp_name):
+            for name in (TRIVIAL, TRIVIAL_ASYNCIO, epp_name):
                 gws[name].wait_cluster_healthy("epp", timeout=30)
-            pids = {TRIVIAL: tpid, TRIVIAL_GRPCLIB: gpid, epp_name: epp.pid}
+            pids = {TRIVIAL: tpid, TRIVIAL_ASYNCIO: gpid, epp_name: epp.pid}
             closed = {name: Result(name) for name in gws}
             bodies = {name: prompt_bodies(args.seed, f"p{i}", 300) for i, name in enumerate(gws)}
             for name, g in gws.items():  # warm-up: connections, caches, the first picks
@@ -963,7 +963,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
         out.append(
             "The trivial picker (`benchmarks/trivial_picker.py`: grpc.aio on uvloop, `context.read()/write()`, "
             "pre-serialised answers, endpoints in turn; the goal's yardstick), the same loop behind llm-epp's own "
-            "grpclib server (`--transport grpclib`: the floor of llm-epp's default transport) and llm-epp "
+            "asyncio server (`--transport asyncio`: the floor of llm-epp's default transport) and llm-epp "
             "(default configuration: prefix, queue and "
             "KV-cache scorers, metrics scraped every 50 ms) sit behind the same Envoy configuration "
             "(`llm-epp envoy-config` defaults); backends are Envoy `direct_response` listeners. Targets alternate "
@@ -996,11 +996,11 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
                     + (f"; median {statistics.median(paired):.2f}x" if len(paired) > 1 else "")
                     + ". On a shared machine one round says little: compare medians over several rounds.\n"
                 )
-            g = closed.get(TRIVIAL_GRPCLIB)
+            g = closed.get(TRIVIAL_ASYNCIO)
             if g and e and g.rps and e.rps and g.epp_ms_per_req and e.epp_ms_per_req:
                 paired = [x / y for x, y in zip(e.epp_ms_per_req, g.epp_ms_per_req, strict=False)]
                 out.append(
-                    f"Above its own transport's floor (the trivial picker on grpclib): CPU per request "
+                    f"Above its own transport's floor (the trivial picker on its asyncio server): CPU per request "
                     f"{statistics.median(e.epp_ms_per_req) / statistics.median(g.epp_ms_per_req):.2f}x "
                     f"(round by round {', '.join(f'{r:.2f}x' for r in paired)}), throughput "
                     f"{statistics.median(e.rps) / statistics.median(g.rps):.2f}x.\n"
@@ -1016,7 +1016,7 @@ def part_picker(args: argparse.Namespace, workdir: Path, out: list[str]) -> None
             out.append("|---|---|---|---|---|---|---|---|---|")
             for rate in rates:
                 rr = cells.get((RR, rate))
-                for name in (RR, TRIVIAL, TRIVIAL_GRPCLIB, epp_name):
+                for name in (RR, TRIVIAL, TRIVIAL_ASYNCIO, epp_name):
                     c = cells.get((name, rate))
                     if c is None:
                         continue

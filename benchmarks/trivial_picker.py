@@ -7,11 +7,11 @@ SKIP, response body NONE, response trailers SEND) and picks endpoints in turn, w
 It exists to be measured beside llm-epp (``benchmarks.overhead --part picker``): whatever llm-epp spends above
 it per request is llm-epp's own cost, not the price of Python, gRPC or the protocol.
 
-With ``--transport grpclib`` the same loop runs behind llm-epp's own ext_proc server
-(``llm_epp.extproc.grpclib_server``, llm-epp's default transport): the floor of that transport.
+With ``--transport asyncio`` the same loop runs behind llm-epp's own ext_proc server
+(``llm_epp.extproc.http2_server``, llm-epp's default transport): the floor of that transport.
 
     python -m benchmarks.trivial_picker --endpoints 127.0.0.1:8001,127.0.0.1:8002 [--port 0] [--ports-file F]
-        [--transport grpcio|grpclib]
+        [--transport grpcio|asyncio]
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: s
                 await write(rsp_trailers)
                 return
 
-    async def main_grpclib() -> None:
-        from llm_epp.extproc.grpclib_server import ExtProcServer
+    async def main_asyncio() -> None:
+        from llm_epp.extproc.http2_server import ExtProcServer
 
         server = ExtProcServer(process, pb.ProcessingRequest.FromString, max_recv=64 << 20, max_send=64 << 20)
         bound = server.bind("127.0.0.1", port)
@@ -139,7 +139,7 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: s
             tmp.rename(ports_file)
         await server.wait_for_termination()
 
-    uvloop.run(main_grpclib() if transport == "grpclib" else main())
+    uvloop.run(main_asyncio() if transport == "asyncio" else main())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,10 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ports-file", type=Path, help='write {"grpc": port} here once serving')
     p.add_argument(
         "--transport",
-        choices=("grpcio", "grpclib"),
+        choices=("grpcio", "asyncio"),
         default="grpcio",
-        help="grpcio (default: the floor as the reference notes build it) or grpclib (llm-epp's own ext_proc "
-        "server, extproc/grpclib_server.py, around the same loop: the floor of llm-epp's default transport)",
+        help="grpcio (default: the floor as the reference notes build it) or asyncio (llm-epp's own ext_proc "
+        "server, extproc/http2_server.py, around the same loop: the floor of llm-epp's default transport)",
     )
     args = p.parse_args(argv)
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]

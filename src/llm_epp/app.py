@@ -25,7 +25,7 @@ from llm_epp.datalayer.discovery import DiscoveryError, DiscoveryFileWatcher
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
-from llm_epp.extproc.grpclib_server import ExtProcServer
+from llm_epp.extproc.http2_server import ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -310,7 +310,8 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
 
 
 def _ssl_context(opts: Options) -> ssl.SSLContext | None:
-    """TLS of the ext_proc port served by grpclib: the same pair and policy as `_credentials`."""
+    """TLS of the ext_proc port served in the event loop (`--grpc-transport asyncio`): the same pair and
+    policy as `_credentials`."""
     pair = _tls_pair(opts)
     if pair is None:
         return None
@@ -326,7 +327,7 @@ def _ssl_context(opts: Options) -> ssl.SSLContext | None:
 def ext_proc_server(
     opts: Options, process: Any, health: HealthState | None, stream_metrics: StreamMetrics | None = None
 ) -> ExtProcServer:
-    """The grpclib server of the ext_proc port (and of gRPC health on it with `health`), not yet bound."""
+    """The event loop's server of the ext_proc port (and of gRPC health on it with `health`), not yet bound."""
     return ExtProcServer(
         process,
         ProcessingRequest.FromString,
@@ -514,22 +515,22 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
     servers: list[Any] = []  # grpc.aio.Server, ExtProcServer, or the worker pool (same start/stop)
     port = 0
     if opts.workers > 1:  # the workers serve; a TLS setup that cannot load stops the start here, before them
-        if transport == "grpclib":
+        if transport == "asyncio":
             _ssl_context(opts)
         else:
             _credentials(opts)
-    elif transport == "grpclib":
-        lib_server = ext_proc_server(
+    elif transport == "asyncio":
+        loop_server = ext_proc_server(
             opts,
             c.servicer.process,
             c.health if opts.health_checking else None,
             stream_metrics,
         )
         try:
-            port = lib_server.bind(opts.bind_address, opts.grpc_port)
+            port = loop_server.bind(opts.bind_address, opts.grpc_port)
         except OSError as e:
             raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
-        servers.append(lib_server)
+        servers.append(loop_server)
     else:
         creds = _credentials(opts)
         server = grpc.aio.server(options=grpc_server_options(opts), interceptors=interceptors)

@@ -77,7 +77,7 @@ def test_picker_smoke_compares_llm_epp_with_the_trivial_picker(tmp_path: Path) -
     assert set(by_target) == {
         "Envoy ROUND_ROBIN (no EPP)",
         "Envoy + trivial picker",
-        "Envoy + trivial picker on grpclib",
+        "Envoy + trivial picker on llm-epp's asyncio server",
         "Envoy + llm-epp (default, plaintext)",
     }
     for name, r in by_target.items():

@@ -206,9 +206,9 @@ def test_oversized_body_gets_413(backends: BackendPool) -> None:
 @pytest.mark.parametrize(
     ("tls", "request_body_mode", "response_body_mode", "transport"),
     [
-        (False, "FULL_DUPLEX_STREAMED", "NONE", "grpclib"),
-        (True, "BUFFERED", "NONE", "grpclib"),
-        (False, "BUFFERED", "FULL_DUPLEX_STREAMED", "grpclib"),
+        (False, "FULL_DUPLEX_STREAMED", "NONE", "asyncio"),
+        (True, "BUFFERED", "NONE", "asyncio"),
+        (False, "BUFFERED", "FULL_DUPLEX_STREAMED", "asyncio"),
         (False, "FULL_DUPLEX_STREAMED", "NONE", "grpcio"),
         (True, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", "grpcio"),
     ],

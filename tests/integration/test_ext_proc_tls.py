@@ -44,7 +44,7 @@ def _der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
 
 
-@pytest.mark.parametrize("transport", ["grpclib", "grpcio"])
+@pytest.mark.parametrize("transport", ["asyncio", "grpcio"])
 def test_cipher_suites_and_cert_reload(tmp_path: Path, transport: str) -> None:
     first, second = self_signed(), self_signed()  # ECDSA P-256 keys
     _write(tmp_path, first)

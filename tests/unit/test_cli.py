@@ -416,11 +416,11 @@ TOKEN_AUTH = ("--pick-api-token-review", "--pick-api-allowed-service-accounts", 
 @pytest.mark.parametrize(
     ("argv", "transport"),
     [
-        ([], "grpclib"),
+        ([], "asyncio"),
         (["--enable-pick-api"], "grpcio"),  # the direct-routing API shares the port: grpcio serves both
-        (["--enable-pick-api", "--pick-api-port", "9100"], "grpclib"),
+        (["--enable-pick-api", "--pick-api-port", "9100"], "asyncio"),
         (["--grpc-transport", "grpcio"], "grpcio"),
-        (["--grpc-transport", "grpclib", "--enable-pick-api", "--pick-api-port", "9100"], "grpclib"),
+        (["--grpc-transport", "asyncio", "--enable-pick-api", "--pick-api-port", "9100"], "asyncio"),
     ],
 )
 def test_the_ext_proc_transport(argv: list[str], transport: str) -> None:
@@ -431,12 +431,12 @@ def test_the_ext_proc_transport(argv: list[str], transport: str) -> None:
     assert opts.ext_proc_transport() == transport
 
 
-def test_grpclib_cannot_carry_the_direct_routing_api_on_the_ext_proc_port() -> None:
+def test_asyncio_cannot_carry_the_direct_routing_api_on_the_ext_proc_port() -> None:
     problems = cli.check_options(
-        parse("--endpoints", "10.0.0.1:8000", "--grpc-transport", "grpclib", "--enable-pick-api", *TOKEN_AUTH)
+        parse("--endpoints", "10.0.0.1:8000", "--grpc-transport", "asyncio", "--enable-pick-api", *TOKEN_AUTH)
     )
     assert problems == [
-        "--grpc-transport grpclib cannot serve the direct-routing API on the ext_proc port: give the API its own "
+        "--grpc-transport asyncio cannot serve the direct-routing API on the ext_proc port: give the API its own "
         "--pick-api-port, or use --grpc-transport grpcio (or auto)"
     ]
     with pytest.raises(SystemExit):

@@ -1,10 +1,10 @@
 """`--enable-cert-reload`: the ext_proc key pair in `--cert-path` is read again when its files change.
 
-gRPC asks `CertReloader.fetch` for the certificate configuration at every new TLS handshake (grpclib's context,
-`server_ssl.ReloadingContext`, asks at every ClientHello). `PairFiles`, shared by both, compares the files'
-identity (inode, size, modification time — a Kubernetes secret update swaps a symlink, which changes all
-three) with what was loaded and reloads on a difference. A pair that does not load or whose key does not
-match its certificate (a half-written update) is not taken: the previous pair stays in use and the next
+gRPC asks `CertReloader.fetch` for the certificate configuration at every new TLS handshake (the asyncio
+transport's context, `server_ssl.ReloadingContext`, asks at every ClientHello). `PairFiles`, shared by both,
+compares the files' identity (inode, size, modification time — a Kubernetes secret update swaps a symlink, which
+changes all three) with what was loaded and reloads on a difference. A pair that does not load or whose key does
+not match its certificate (a half-written update) is not taken: the previous pair stays in use and the next
 handshake tries again. Connections already open keep their session, so streams in progress are not dropped."""
 
 from __future__ import annotations

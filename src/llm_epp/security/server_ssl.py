@@ -1,5 +1,6 @@
-"""TLS for the ext_proc port when grpclib serves it: a Python `ssl.SSLContext` with the same policy as the
-grpcio credentials (TLS 1.2 and 1.3, `--tls-cipher-suites` for the TLS 1.2 suites, ALPN `h2`).
+"""TLS for the ext_proc port when the event loop serves it (`--grpc-transport asyncio`): a Python
+`ssl.SSLContext` with the same policy as the grpcio credentials (TLS 1.2 and 1.3, `--tls-cipher-suites` for
+the TLS 1.2 suites, ALPN `h2`).
 
 With `--enable-cert-reload` the context looks at tls.crt / tls.key at every new TLS handshake (two `stat`
 calls, through the server-name callback, which OpenSSL runs for every ClientHello, with or without SNI)

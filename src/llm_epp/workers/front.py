@@ -83,7 +83,7 @@ async def _serve(spec: FrontSpec) -> None:
     address = f"{o.bind_address}:{spec.port}"
     server: Any
     try:
-        if o.ext_proc_transport() == "grpclib":
+        if o.ext_proc_transport() == "asyncio":
             server = ext_proc_server(o, servicer.process, health if o.health_checking else None)
             port = server.bind(o.bind_address, spec.port)
         else:

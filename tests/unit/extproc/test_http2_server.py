@@ -1,6 +1,7 @@
-"""The grpclib server of the ext_proc port, spoken to by grpcio clients (Envoy's side is covered by the Envoy
-tests, which run `llm-epp serve` on it): the stream a servicer sees, message limits, resets, health on the
-same port, streams per connection, stop with and without grace, stream metrics, TLS and its reload."""
+"""The event loop's server of the ext_proc port (`--grpc-transport asyncio`), spoken to by grpcio clients
+(Envoy's side is covered by the Envoy tests, which run `llm-epp serve` on it): the stream a servicer sees,
+message limits, resets, health on the same port, streams per connection, stop with and without grace, stream
+metrics, TLS and its reload. The HTTP/2 protocol itself, frame by frame: `test_http2.py`."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
 import pytest
 from prometheus_client import CollectorRegistry
 
-from llm_epp.extproc.grpclib_server import PROCESS, ExtProcServer
+from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
 from llm_epp.observability.health import (
     NOT_SERVING,
     SERVICE,
@@ -127,8 +130,6 @@ async def test_messages_over_the_limits_are_refused() -> None:
 async def test_a_hostile_length_prefix_allocates_nothing_and_bad_framing_is_refused() -> None:
     """A raw HTTP/2 client announces a 4 GiB message, a compressed one, and one its stream ends inside: each
     is refused with its status, and nothing reaches the handler."""
-    h2_connection = pytest.importorskip("h2.connection")
-    h2_config = pytest.importorskip("h2.config")
     process = Upper()
     server = await _serve(process)
     try:
@@ -139,7 +140,7 @@ async def test_a_hostile_length_prefix_allocates_nothing_and_bad_framing_is_refu
         )
         for frame, status in cases:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
             conn.initiate_connection()
             headers = [
                 (":method", "POST"),

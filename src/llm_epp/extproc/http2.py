@@ -1,0 +1,705 @@
+"""gRPC over HTTP/2 (RFC 9113) inside the event loop: the connection protocol behind the ext_proc port.
+
+Only the server side of what gRPC uses: one request stream per RPC, messages in DATA frames behind gRPC's
+5-byte length prefix, a status in trailers. Header blocks are decoded with `hpack`; the few header blocks
+the server sends are literals that never touch HPACK's dynamic table, so they are built once. Everything
+else (frames, flow control, stream states) is here, and costs a fraction of a general HTTP/2 stack per
+request (`benchmarks/results/overhead_picker.md`, "Eleventh check").
+
+Bounds a client cannot lift: frames of at most 16 KiB (the protocol's default), header blocks of at most
+`MAX_HEADER_BLOCK` bytes, a message's size checked from its length prefix before it is read, and
+received data acknowledged only as handlers consume it, so a connection buffers at most its flow-control
+window (`CONNECTION_WINDOW`). Answers leave in one write per loop pass and connection (`_flush`), or
+sooner past `FLUSH_AT` bytes; while the peer does not read them, the connection does not read the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+import grpc
+from hpack import Decoder
+from hpack.exceptions import HPACKError
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
+
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x1, 0x4, 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+
+MAX_FRAME = 16_384  # what we accept (the protocol's default; we never raise it)
+MAX_HEADER_BLOCK = 65_536  # a header block (HEADERS and its CONTINUATIONs), encoded
+STREAM_WINDOW = 1 << 20  # what one stream may send ahead of its handler
+CONNECTION_WINDOW = 16 << 20  # what one connection may send ahead of its handlers
+MAX_WINDOW = (1 << 31) - 1
+MAX_STATUS_MESSAGE = 1024  # characters of grpc-message
+FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more is written at once
+
+
+class RpcError(Exception):
+    """Ends an RPC with a gRPC status other than OK; `message` goes to the client as grpc-message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with `first`'s high bits above the prefix."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """A header as a literal that is never indexed (RFC 7541 6.2.3): no dynamic-table state on either side."""
+    return b"\x10" + _hpack_int(len(name), 7, 0) + name + _hpack_int(len(value), 7, 0) + value
+
+
+_STATUS_200 = b"\x88"  # ':status: 200', static table entry 8
+_GRPC_HEADERS = _STATUS_200 + _literal(b"content-type", b"application/grpc")
+_OK_TRAILERS = _literal(b"grpc-status", b"0")
+_NOT_GRPC = b"\x18\x03415"  # ':status: 415' (never indexed, name from the static table): not a gRPC request
+
+
+def _status_block(code: grpc.StatusCode, message: str) -> bytes:
+    block = _literal(b"grpc-status", str(code.value[0]).encode())
+    message = message[:MAX_STATUS_MESSAGE]  # it may quote the client (an unknown path): one frame holds it
+    if message:  # percent-encoded as gRPC's HTTP/2 mapping asks
+        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    return block
+
+
+class Stream:
+    """One RPC: `read()` its messages, `write()` answers; the handler's return ends it with status OK."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_unacked",
+        "_waiter",
+        "ended",
+        "id",
+        "path",
+        "remote_ended",
+        "send_window",
+        "started",
+        "task",
+    )
+
+    def __init__(self, conn: Http2Connection, stream_id: int, path: str) -> None:
+        self.id = stream_id
+        self.path = path
+        self._conn = conn
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._unacked = 0  # consumed by the handler, not yet returned to the peer's window
+        self.remote_ended = False
+        self.started = False  # response headers sent
+        self.ended = False  # our END_STREAM sent, or the stream reset
+        self.send_window = conn.peer_initial_window
+        self.task: asyncio.Task[None] | None = None
+
+    # --- receiving -----------------------------------------------------------------------------------------
+    def _received(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _more(self) -> bool:
+        """Waits for data or the end of the client's side; False at the end with nothing buffered."""
+        while not self._buffered:
+            if self.remote_ended:
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+    def _take(self, n: int) -> bytes:
+        """Up to `n` buffered bytes, returned to the peer's window."""
+        head = self._chunks[0]
+        if len(head) <= n:
+            self._chunks.popleft()
+            taken = head
+        else:
+            taken, self._chunks[0] = head[:n], head[n:]
+        self._buffered -= len(taken)
+        self._consumed(len(taken))
+        return taken
+
+    def _consumed(self, n: int) -> None:
+        self._unacked += n
+        if self._unacked >= STREAM_WINDOW // 2 and not self.remote_ended:
+            self._conn.window_update(self.id, self._unacked)
+            self._unacked = 0
+        self._conn.consumed(n)
+
+    async def _exactly(self, n: int) -> bytes | None:
+        """`n` bytes (a message that spans frames is gathered as they arrive); None if the client's side ends
+        first."""
+        if self._buffered >= n and len(self._chunks[0]) >= n:
+            return self._take(n)
+        parts = bytearray()
+        while len(parts) < n:
+            if not await self._more():
+                return None
+            parts += self._take(n - len(parts))
+        return bytes(parts)
+
+    async def read(self, max_size: int) -> bytes | None:
+        """The next message, or None when the client's side has ended. Raises `RpcError` for a message above
+        `max_size` (refused from its length prefix, before it is read), a compressed one, or a stream that ends
+        inside a message."""
+        if not self._buffered and not await self._more():
+            return None
+        head = await self._exactly(5)
+        if head is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "the stream ended inside a message")
+        if head[0]:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
+        size = int.from_bytes(head[1:5], "big")
+        if size > max_size:
+            raise RpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {max_size})"
+            )
+        if not size:
+            return b""
+        body = await self._exactly(size)
+        if body is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "the stream ended inside a message")
+        return body
+
+    # --- sending -------------------------------------------------------------------------------------------
+    async def write(self, message: bytes) -> None:
+        """Sends one message (the response headers first, with the first one)."""
+        conn = self._conn
+        if self.ended:
+            raise asyncio.CancelledError  # reset by the client: the handler is being cancelled
+        if not self.started:
+            self.started = True
+            conn.headers(self.id, _GRPC_HEADERS, end_stream=False)
+        framed = b"\0" + len(message).to_bytes(4, "big") + message
+        size = len(framed)
+        if size <= conn.peer_max_frame and size <= self.send_window and size <= conn.send_window and conn.writable:
+            self.send_window -= size
+            conn.send_window -= size
+            conn.data(self.id, framed)
+            return
+        await conn.send_flow_controlled(self, memoryview(framed))
+
+    def finish(self, code: grpc.StatusCode | None = None, message: str = "") -> None:
+        """Trailers: status OK (code None) or the given one; a response with no message yet is trailers-only."""
+        if self.ended:
+            return
+        block = _OK_TRAILERS if code is None else _status_block(code, message)
+        if not self.started:
+            self.started = True
+            block = _GRPC_HEADERS + block
+        self._conn.headers(self.id, block, end_stream=True)
+        self.ended = True
+
+
+Handler = Callable[[Stream], Awaitable[None]]
+
+
+class Http2Connection(asyncio.Protocol):
+    """One client connection. `route(path)` gives the handler of an RPC, or None (UNIMPLEMENTED);
+    `refusing()` true makes new RPCs end at once with UNAVAILABLE."""
+
+    def __init__(
+        self,
+        route: Callable[[str], Handler | None],
+        refusing: Callable[[], bool],
+        on_close: Callable[[Http2Connection], None],
+    ) -> None:
+        self._route = route
+        self._refusing = refusing
+        self._on_close = on_close
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()  # the start of a frame (or of the preface) that has not fully arrived
+        self._preface = False
+        self._settings_seen = False
+        self._decoder = Decoder()
+        self._decoder.max_header_list_size = MAX_HEADER_BLOCK
+        self._block: bytearray | None = None  # a header block waiting for CONTINUATION frames
+        self._block_stream = 0
+        self._block_end_stream = False
+        self.streams: dict[int, Stream] = {}
+        self._last_id = 0
+        self._goaway = False
+        self.peer_initial_window = 65_535
+        self.peer_max_frame = MAX_FRAME
+        self.send_window = 65_535
+        self._unacked = 0
+        self._window_used = 0  # bytes the peer sent that we have not returned to its connection window
+        self._window_open: asyncio.Event | None = None  # set when the peer's windows grow
+        self.writable = True
+        self._resumed: asyncio.Event | None = None
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_due = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        settings = (
+            SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big")
+            + STREAM_WINDOW.to_bytes(4, "big")
+            + SETTINGS_MAX_HEADER_LIST_SIZE.to_bytes(2, "big")
+            + MAX_HEADER_BLOCK.to_bytes(4, "big")
+        )
+        self._send(_frame(SETTINGS, 0, 0, settings))
+        self._send(_frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - 65_535).to_bytes(4, "big")))
+
+    def data_received(self, data: bytes) -> None:
+        if self._buf:
+            data = bytes(self._buf) + data
+            self._buf.clear()
+        try:
+            if not self._preface:
+                if len(data) < len(PREFACE):
+                    if not PREFACE.startswith(data):
+                        raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
+                    self._buf += data
+                    return
+                if not data.startswith(PREFACE):
+                    raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
+                data = data[len(PREFACE) :]
+                self._preface = True
+            pos, end = 0, len(data)
+            while end - pos >= 9:
+                length = int.from_bytes(data[pos : pos + 3], "big")
+                if length > MAX_FRAME:
+                    raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes (at most {MAX_FRAME})")
+                if end - pos < 9 + length:
+                    break
+                stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                self._frame(data[pos + 3], data[pos + 4], stream_id, data[pos + 9 : pos + 9 + length])
+                pos += 9 + length
+                if self.transport is None or self.transport.is_closing():
+                    return
+            if pos < end:
+                self._buf += data[pos:]
+        except _ConnectionError as e:
+            self._fail(e.code, str(e))
+
+    def pause_writing(self) -> None:
+        """The peer is not reading what we send: stop reading what it sends (its pings, resets and requests
+        would make more output) until it catches up."""
+        self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        if self._resumed is not None:
+            self._resumed.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        for stream in list(self.streams.values()):
+            stream.ended = stream.remote_ended = True
+            stream._wake()
+            if stream.task is not None:
+                stream.task.cancel()
+        self.streams.clear()
+        for event in (self._window_open, self._resumed):
+            if event is not None:
+                event.set()
+        self._on_close(self)
+
+    # --- frames in -----------------------------------------------------------------------------------------
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._block is not None and kind != CONTINUATION:
+            raise _ConnectionError(PROTOCOL_ERROR, "a header block was interrupted by another frame")
+        if not self._settings_seen and kind != SETTINGS:
+            raise _ConnectionError(PROTOCOL_ERROR, "the connection must start with SETTINGS")
+        if kind == DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == RST_STREAM:
+            if stream_id == 0 or len(payload) != 4:
+                raise _ConnectionError(PROTOCOL_ERROR, "a malformed RST_STREAM")
+            stream = self.streams.pop(stream_id, None)
+            if stream is not None:
+                self._credit(stream)
+                stream.ended = stream.remote_ended = True
+                stream._wake()
+                if stream.task is not None:
+                    stream.task.cancel()
+        elif kind == SETTINGS:
+            self._on_settings(flags, stream_id, payload)
+        elif kind == PING:
+            if stream_id or len(payload) != 8:
+                raise _ConnectionError(PROTOCOL_ERROR, "a malformed PING")
+            if not flags & ACK:
+                self._send(_frame(PING, ACK, 0, payload))
+        elif kind == GOAWAY:
+            self._goaway = True
+            if not self.streams and self.transport is not None:
+                self._flush()
+                self.transport.close()
+        elif kind == PUSH_PROMISE:
+            raise _ConnectionError(PROTOCOL_ERROR, "a client may not push")
+        elif kind == PRIORITY:
+            if stream_id == 0 or len(payload) != 5:
+                raise _ConnectionError(PROTOCOL_ERROR, "a malformed PRIORITY")
+        # other frame types are ignored, as the protocol asks
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS frame of a partial setting")
+        self._settings_seen = True
+        for at in range(0, len(payload), 6):
+            key = int.from_bytes(payload[at : at + 2], "big")
+            value = int.from_bytes(payload[at + 2 : at + 6], "big")
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, f"an initial window of {value}")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                self._opened()
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not MAX_FRAME <= value <= (1 << 24) - 1:
+                    raise _ConnectionError(PROTOCOL_ERROR, f"a maximum frame size of {value}")
+                self.peer_max_frame = value
+            # the header table size does not matter: what we send never enters the dynamic table
+        self._send(_frame(SETTINGS, ACK, 0))
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, "a WINDOW_UPDATE of the wrong size")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if not increment:
+                raise _ConnectionError(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise _ConnectionError(FLOW_CONTROL_ERROR, "the connection's window grew past 2^31-1")
+        else:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            if not increment:
+                self._reset(stream, PROTOCOL_ERROR)
+                return
+            stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._reset(stream, FLOW_CONTROL_ERROR)
+                return
+        self._opened()
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
+        self._window_used += len(payload)
+        if self._window_used > CONNECTION_WINDOW:
+            raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        data = payload
+        if flags & PADDED:
+            data = self._unpad(payload)
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_ended:
+            if stream_id > self._last_id:
+                raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            self.consumed(len(payload))  # a stream that is over: the bytes still count on the connection
+            if stream is not None:
+                self._reset(stream, STREAM_CLOSED)
+            return
+        if flags & END_STREAM:
+            stream.remote_ended = True
+        if stream.ended:  # our side is over: what the client still sends is dropped
+            self.consumed(len(payload))
+            if stream.remote_ended:
+                self._close(stream)
+            return
+        if len(payload) - len(data):
+            stream._consumed(len(payload) - len(data))  # padding is consumed on arrival
+        if stream._buffered + stream._unacked + len(data) > STREAM_WINDOW:
+            self.consumed(len(data))
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
+        stream._received(data)
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = payload
+        if flags & PADDED:
+            block = self._unpad(payload)
+        if flags & PRIORITY_FLAG:
+            if len(block) < 5:
+                raise _ConnectionError(PROTOCOL_ERROR, "a HEADERS frame too short for its priority")
+            block = block[5:]
+        if flags & END_HEADERS:
+            self._header_block(stream_id, block, bool(flags & END_STREAM))
+        else:
+            self._block = bytearray(block)
+            self._block_stream = stream_id
+            self._block_end_stream = bool(flags & END_STREAM)
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        block = self._block
+        if block is None or stream_id != self._block_stream:
+            raise _ConnectionError(PROTOCOL_ERROR, "a CONTINUATION that continues nothing")
+        block += payload
+        if len(block) > MAX_HEADER_BLOCK:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, f"a header block above {MAX_HEADER_BLOCK} bytes")
+        if flags & END_HEADERS:
+            self._block = None
+            self._header_block(stream_id, bytes(block), self._block_end_stream)
+
+    def _header_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except HPACKError as e:
+            raise _ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers from the client: only their END_STREAM matters
+            if not end_stream:
+                self._reset(stream, PROTOCOL_ERROR)
+                return
+            stream.remote_ended = True
+            stream._wake()
+            if stream.ended:
+                self._close(stream)
+            return
+        if stream_id <= self._last_id:
+            if stream_id % 2:
+                return  # a stream that is over (we reset it, or it ended): nothing to do
+            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
+        if not stream_id % 2:
+            raise _ConnectionError(PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
+        self._last_id = stream_id
+        if self._goaway:
+            self._send(_frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        fields: dict[bytes, bytes] = {}
+        for name, value in headers:
+            fields.setdefault(name, value)
+        path = fields.get(b":path", b"").decode("latin-1")
+        stream = Stream(self, stream_id, path)
+        stream.remote_ended = end_stream
+        self.streams[stream_id] = stream
+        content_type = fields.get(b"content-type", b"")
+        if fields.get(b":method") != b"POST" or not content_type.startswith(b"application/grpc"):
+            self._send(_frame(HEADERS, END_HEADERS | END_STREAM, stream_id, _NOT_GRPC))
+            stream.started = stream.ended = True
+            self._end(stream)
+            return
+        handler = self._route(path)
+        if handler is None:
+            stream.finish(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            self._end(stream)
+            return
+        if self._refusing():
+            stream.finish(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            self._end(stream)
+            return
+        stream.task = self._loop.create_task(self._run(stream, handler))
+
+    async def _run(self, stream: Stream, handler: Handler) -> None:
+        try:
+            await handler(stream)
+        except asyncio.CancelledError:
+            if self.transport is not None and not stream.ended:
+                self._reset(stream, CANCEL)
+            raise
+        except RpcError as e:
+            stream.finish(e.code, e.message)
+        except Exception:
+            log.exception("grpc_handler_failed path=%s", stream.path)
+            stream.finish(grpc.StatusCode.UNKNOWN, "Internal Server Error")
+        else:
+            stream.finish()
+            if stream.remote_ended:
+                self._close(stream)
+            return  # a client still sending after status OK is read to its end (and ignored)
+        self._end(stream)
+
+    # --- stream ends ---------------------------------------------------------------------------------------
+    def _end(self, stream: Stream) -> None:
+        """Our side ended with a status other than OK: the stream closes now if the client's side is over too;
+        a client still sending is told to stop (RST_STREAM, NO_ERROR)."""
+        if stream.remote_ended:
+            self._close(stream)
+        elif self.streams.get(stream.id) is stream:
+            self._reset(stream, NO_ERROR)
+
+    def _close(self, stream: Stream) -> None:
+        if self.streams.pop(stream.id, None) is not None:
+            self._credit(stream)
+        if self._goaway and not self.streams and self.transport is not None:
+            self._flush()
+            self.transport.close()
+
+    def _reset(self, stream: Stream, code: int) -> None:
+        self._send(_frame(RST_STREAM, 0, stream.id, code.to_bytes(4, "big")))
+        stream.ended = stream.remote_ended = True
+        stream._wake()
+        if stream.task is not None and stream.task is not asyncio.current_task():
+            stream.task.cancel()
+        self._close(stream)
+
+    def _credit(self, stream: Stream) -> None:
+        """What a closed stream left unread still counts on the connection's window: return it."""
+        if stream._buffered:
+            self.consumed(stream._buffered)
+            stream._buffered = 0
+            stream._chunks.clear()
+
+    # --- flow control --------------------------------------------------------------------------------------
+    def consumed(self, n: int) -> None:
+        self._unacked += n
+        if self._unacked >= CONNECTION_WINDOW // 2:
+            self.window_update(0, self._unacked)
+            self._window_used -= self._unacked
+            self._unacked = 0
+
+    def window_update(self, stream_id: int, n: int) -> None:
+        self._send(_frame(WINDOW_UPDATE, 0, stream_id, n.to_bytes(4, "big")))
+
+    def _opened(self) -> None:
+        if self._window_open is not None:
+            self._window_open.set()
+
+    async def send_flow_controlled(self, stream: Stream, rest: memoryview) -> None:
+        """Sends a message that does not fit at once: frame by frame as the peer's windows and the socket
+        allow."""
+        while rest:
+            if self.transport is None or stream.ended:
+                raise asyncio.CancelledError
+            if not self.writable:
+                if self._resumed is None:
+                    self._resumed = asyncio.Event()
+                self._resumed.clear()
+                self._flush()
+                await self._resumed.wait()
+                continue
+            n = min(len(rest), self.peer_max_frame, stream.send_window, self.send_window)
+            if n <= 0:
+                if self._window_open is None:
+                    self._window_open = asyncio.Event()
+                self._window_open.clear()
+                self._flush()
+                await self._window_open.wait()
+                continue
+            stream.send_window -= n
+            self.send_window -= n
+            flushed = self._out_bytes + 9 + n >= FLUSH_AT
+            self.data(stream.id, bytes(rest[:n]))
+            rest = rest[n:]
+            if flushed:
+                await asyncio.sleep(0)  # a long message: the other streams get their turn
+
+    # --- frames out ----------------------------------------------------------------------------------------
+    def headers(self, stream_id: int, block: bytes, *, end_stream: bool) -> None:
+        self._send(_frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), stream_id, block))
+
+    def data(self, stream_id: int, payload: bytes) -> None:
+        self._send(_frame(DATA, 0, stream_id, payload))
+
+    def _send(self, frame: bytes) -> None:
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if self._out_bytes >= FLUSH_AT:
+            self._flush()
+        elif not self._flush_due:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Everything this loop pass produced, in one write."""
+        self._flush_due = False
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        self._out_bytes = 0
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _fail(self, code: int, why: str) -> None:
+        log.info("http2_connection_error code=%d reason=%s", code, why)
+        self._send(_frame(GOAWAY, 0, 0, self._last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + why.encode()))
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _unpad(self, payload: bytes) -> bytes:
+        if not payload:
+            raise _ConnectionError(PROTOCOL_ERROR, "a padded frame without its pad length")
+        pad = payload[0]
+        if pad >= len(payload):
+            raise _ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+        return payload[1 : len(payload) - pad]
+
+    # --- shutdown ------------------------------------------------------------------------------------------
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def handlers(self) -> list[asyncio.Task[None]]:
+        return [s.task for s in self.streams.values() if s.task is not None]

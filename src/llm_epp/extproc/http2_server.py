@@ -1,0 +1,231 @@
+"""The ext_proc port served in the event loop's own thread (`--grpc-transport asyncio`, the default).
+
+grpcio runs its transport in C++ threads that hand every message to the event loop through a poller thread
+and an eventfd; on a busy two-core box those hand-offs cost more than the framing itself. Here the loop reads
+the socket, `llm_epp.extproc.http2` frames gRPC over HTTP/2, and a request's messages reach
+`ExtProcServicer.process` with no thread in between (`benchmarks/results/overhead_picker.md`, "Eleventh
+check", for what it saves).
+
+`ExtProcServer` has the parts of `grpc.aio.Server` that `llm-epp serve` uses: `bind()` (the `add_*_port`
+step, before start), `start()` and `stop(grace)`. It serves:
+
+- `envoy.service.ext_proc.v3.ExternalProcessor/Process`, the servicer's stream handler behind a context with
+  `read()` (`grpc.aio.EOF` at the end) and `write(bytes)`, as grpc.aio gives it. A message larger than
+  `max_recv` is refused with RESOURCE_EXHAUSTED before it is read (the length prefix says its size), an
+  answer larger than `max_send` likewise; compressed messages are refused (Envoy does not compress).
+- `grpc.health.v1.Health` (Check, List; Watch answers UNIMPLEMENTED) when given a `HealthState`.
+- with `StreamMetrics`: the ext_proc stream counters, as the grpcio interceptor keeps them.
+
+`stop(grace)` refuses new streams at once (UNAVAILABLE) and closes the listener, gives the streams in
+flight up to `grace` seconds, then cancels what is left and drops the connections; `stop(None)` cancels at
+once. Streams per connection are not capped (as on grpcio): anything that can reach the port can open
+them, so the port needs TLS (`--secure-serving`) or a network boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from llm_epp.extproc.http2 import Handler, Http2Connection, RpcError, Stream
+from llm_epp.observability.health import (
+    SERVICE as HEALTH_SERVICE,
+)
+from llm_epp.observability.health import (
+    HealthState,
+    decode_check_request,
+    encode_check_response,
+    encode_list_response,
+    log_check,
+)
+from llm_epp.observability.stream_metrics import GO_CODE_NAMES
+
+if TYPE_CHECKING:
+    from llm_epp.observability.stream_metrics import StreamMetrics
+
+log = logging.getLogger(__name__)
+
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+_EOF = grpc.aio.EOF
+_HEALTH_REQUEST_MAX = 1 << 16
+
+
+class _Context:
+    """What `ExtProcServicer.process` reads and writes through: grpc.aio's `read()` / `write()`."""
+
+    __slots__ = ("read", "write")
+
+    def __init__(self, stream: Stream, decode: Callable[[bytes], Any], max_recv: int, max_send: int) -> None:
+        receive = stream.read
+        send = stream.write
+
+        async def read() -> Any:
+            data = await receive(max_recv)
+            if data is None:
+                return _EOF
+            try:
+                return decode(data)
+            except DecodeError as e:
+                raise RpcError(grpc.StatusCode.INTERNAL, f"cannot parse the message: {e}") from None
+
+        async def write(answer: bytes) -> None:
+            if len(answer) > max_send:
+                raise RpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"sent message larger than max ({len(answer)} vs. {max_send})"
+                )
+            await send(answer)
+
+        self.read = read
+        self.write = write
+
+
+class ExtProcServer:
+    def __init__(
+        self,
+        process: Callable[[Any, Any], Awaitable[None]],
+        decode: Callable[[bytes], Any],
+        *,
+        max_recv: int,
+        max_send: int,
+        health: HealthState | None = None,
+        stream_metrics: StreamMetrics | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._process = process
+        self._decode = decode
+        self.max_recv = max_recv
+        self.max_send = max_send
+        self._health = health
+        self._metrics = stream_metrics
+        self._ssl = ssl_context
+        self._sock: socket.socket | None = None
+        self._listener: asyncio.Server | None = None
+        self._connections: set[Http2Connection] = set()
+        self._refusing = False
+        self._streams = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._routes: dict[str, Handler] = {PROCESS: self._ext_proc}
+        if health is not None:
+            self._routes |= {
+                f"/{HEALTH_SERVICE}/Check": self._check,
+                f"/{HEALTH_SERVICE}/List": self._list,
+                f"/{HEALTH_SERVICE}/Watch": self._watch,
+            }
+        self.port = 0
+
+    # --- grpc.aio.Server's surface ---------------------------------------------------------------------
+    def bind(self, host: str, port: int) -> int:
+        """Opens the listening socket (before `start()`, like `add_insecure_port`); the bound port. Raises
+        OSError when the address cannot be bound."""
+        host = host.strip("[]") or "0.0.0.0"
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and host == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(address)
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def start(self) -> None:
+        if self._sock is None:
+            raise RuntimeError("bind() the server before start()")
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._connection, sock=self._sock, ssl=self._ssl
+        )
+
+    async def stop(self, grace: float | None) -> None:
+        listener = self._listener
+        if listener is None:
+            if self._sock is not None:
+                self._sock.close()
+            return
+        self._refusing = True
+        listener.close()  # no new connections; the open ones stay until the streams in flight are over
+        if grace:
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace)
+            except TimeoutError:
+                log.info("ext_proc_streams_cancelled_at_stop streams=%d grace=%.1fs", self._streams, grace)
+        handlers = [task for conn in self._connections for task in conn.handlers()]
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        for conn in list(self._connections):
+            conn.abort()
+        await listener.wait_closed()
+        await asyncio.sleep(0)  # lets the loop release the aborted sockets
+        self._listener = None
+
+    # --- connections ------------------------------------------------------------------------------------
+    def _connection(self) -> Http2Connection:
+        conn = Http2Connection(self._routes.get, self._is_refusing, self._connections.discard)
+        self._connections.add(conn)
+        return conn
+
+    def _is_refusing(self) -> bool:
+        return self._refusing
+
+    # --- handlers ---------------------------------------------------------------------------------------
+    async def _ext_proc(self, stream: Stream) -> None:
+        self._streams += 1
+        self._idle.clear()
+        metrics = self._metrics
+        start = time.perf_counter()
+        code = "OK"
+        if metrics is not None:
+            metrics.inflight.inc()
+        try:
+            await self._process(None, _Context(stream, self._decode, self.max_recv, self.max_send))
+        except asyncio.CancelledError:
+            code = "Canceled"
+            raise
+        except RpcError as e:
+            code = GO_CODE_NAMES[e.code]
+            raise
+        except Exception:
+            code = "Unknown"
+            raise
+        finally:
+            self._streams -= 1
+            if not self._streams:
+                self._idle.set()
+            if metrics is not None:
+                metrics.inflight.dec()
+                metrics.duration.observe(time.perf_counter() - start)
+                metrics.total.labels(code).inc()
+
+    async def _check(self, stream: Stream) -> None:
+        assert self._health is not None
+        data = await stream.read(_HEALTH_REQUEST_MAX)
+        service = decode_check_request(data or b"")
+        status = self._health.status(service)
+        log_check(self._health, service, status)
+        await stream.write(encode_check_response(status))
+
+    async def _list(self, stream: Stream) -> None:
+        assert self._health is not None
+        await stream.read(_HEALTH_REQUEST_MAX)
+        state = self._health
+        await stream.write(encode_list_response({n: state.status(n) for n in state.listed_services()}))
+
+    async def _watch(self, stream: Stream) -> None:
+        raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented")

@@ -1,0 +1,344 @@
+"""The HTTP/2 side of the ext_proc port (`llm_epp.extproc.http2`), spoken to frame by frame: what a gRPC
+client may do (split messages, small windows, pings, unknown methods) works, and what a hostile or broken
+client does (oversized frames and header blocks, bad HPACK, data past its window, streams it may not open)
+ends its stream or its connection with the protocol's error code, never more buffering."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+from hpack import Encoder
+
+from llm_epp.extproc import http2
+from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
+
+EOF = grpc.aio.EOF
+GRPC_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", PROCESS),
+    (":authority", "epp"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+def grpc_message(payload: bytes) -> bytes:
+    return b"\0" + len(payload).to_bytes(4, "big") + payload
+
+
+class Echo:
+    """A servicer's `process`: answers each message with itself repeated `times` times; `hold` (when set)
+    keeps it from reading at all."""
+
+    def __init__(self, times: int = 1) -> None:
+        self.times = times
+        self.seen: list[bytes] = []
+        self.hold: asyncio.Event | None = None
+
+    async def __call__(self, _requests: Any, ctx: Any) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+        while (message := await ctx.read()) is not EOF:
+            self.seen.append(message)
+            await ctx.write(message * self.times)
+
+
+@asynccontextmanager
+async def serving(process: Any, **kw: Any) -> AsyncIterator[ExtProcServer]:
+    kw.setdefault("max_recv", 1 << 22)
+    kw.setdefault("max_send", 1 << 22)
+    server = ExtProcServer(process, lambda data: data, **kw)
+    server.bind("127.0.0.1", 0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(None)
+
+
+class RawClient:
+    """Writes frames as given (nothing checks them) and reads the server's frames back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder = Encoder()
+        self.buf = b""
+
+    @classmethod
+    async def open(cls, port: int, *, preface: bytes = http2.PREFACE) -> RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer)
+        writer.write(preface)
+        if preface == http2.PREFACE:
+            client.send(http2.SETTINGS, 0, 0)
+        return client
+
+    def send(self, kind: int, flags: int, stream_id: int, payload: bytes = b"") -> None:
+        self.writer.write(http2._frame(kind, flags, stream_id, payload))
+
+    def headers(self, stream_id: int, fields: list[tuple[str, str]] = GRPC_HEADERS, flags: int = 0) -> None:
+        self.send(http2.HEADERS, http2.END_HEADERS | flags, stream_id, self.encoder.encode(fields))
+
+    async def frame(self) -> tuple[int, int, int, bytes] | None:
+        """The next frame the server sends, or None when it closes the connection."""
+        while len(self.buf) < 9 or len(self.buf) < 9 + int.from_bytes(self.buf[:3], "big"):
+            data = await asyncio.wait_for(self.reader.read(1 << 16), 10)
+            if not data:
+                return None
+            self.buf += data
+        length = int.from_bytes(self.buf[:3], "big")
+        kind, flags = self.buf[3], self.buf[4]
+        stream_id = int.from_bytes(self.buf[5:9], "big")
+        payload, self.buf = self.buf[9 : 9 + length], self.buf[9 + length :]
+        return kind, flags, stream_id, payload
+
+    async def until(self, kind: int, stream_id: int | None = None) -> tuple[int, bytes]:
+        """Skips frames up to the first of `kind` (on `stream_id`, if given): its flags and payload."""
+        while (got := await self.frame()) is not None:
+            if got[0] == kind and (stream_id is None or got[2] == stream_id):
+                return got[1], got[3]
+        raise AssertionError(f"the connection closed before a frame of type {kind}")
+
+    async def goaway_code(self) -> int:
+        _, payload = await self.until(http2.GOAWAY)
+        assert await self.frame() is None, "the connection stays open after GOAWAY"
+        return int.from_bytes(payload[4:8], "big")
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+class H2Client:
+    """A well-behaved client (the `h2` library) over a socket: streams, windows and pings as it keeps them."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, window: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        config = h2.config.H2Configuration(client_side=True)
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+        )
+        self.conn.initiate_connection()
+        self.data: dict[int, bytearray] = {}
+        self.trailers: dict[int, dict[bytes, bytes]] = {}
+        self.ended: set[int] = set()
+        self.pongs: list[bytes] = []
+        self.auto_ack = True
+
+    @classmethod
+    async def open(cls, port: int, window: int = 65_535) -> H2Client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer, window)
+        client.flush()
+        return client
+
+    def flush(self) -> None:
+        self.writer.write(self.conn.data_to_send())
+
+    async def pump(self) -> None:
+        data = await asyncio.wait_for(self.reader.read(1 << 16), 10)
+        assert data, "the server closed the connection"
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self.data.setdefault(event.stream_id, bytearray()).extend(event.data)
+                if self.auto_ack:
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.TrailersReceived):
+                self.trailers[event.stream_id] = dict(event.headers)
+            elif isinstance(event, h2.events.ResponseReceived) and any(k == b"grpc-status" for k, _ in event.headers):
+                self.trailers[event.stream_id] = dict(event.headers)
+            elif isinstance(event, h2.events.StreamEnded):
+                self.ended.add(event.stream_id)
+            elif isinstance(event, h2.events.PingAckReceived):
+                self.pongs.append(event.ping_data)
+        self.flush()
+
+    async def until(self, cond: Any) -> None:
+        while not cond():
+            await self.pump()
+
+    async def send_all(self, stream_id: int, data: bytes, end_stream: bool = True) -> None:
+        """Sends `data` in frames as the server's windows let it."""
+        view = memoryview(data)
+        while view:
+            n = min(len(view), self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+            if n <= 0:
+                await self.pump()
+                continue
+            self.conn.send_data(stream_id, bytes(view[:n]))
+            view = view[n:]
+            self.flush()
+        if end_stream:
+            self.conn.end_stream(stream_id)
+            self.flush()
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def test_a_message_larger_than_a_frame_and_the_window_is_gathered_and_answered_in_frames() -> None:
+    """200 KB in (over several 16 KiB frames and past the 64 KiB default window, so the server must return
+    window as it reads) and 400 KB back to a client whose window is 1,000 bytes until it reads more."""
+    process = Echo(times=2)
+    message = bytes(range(256)) * 800
+    async with serving(process) as server:
+        client = await H2Client.open(server.port, window=1_000)
+        client.conn.send_headers(1, GRPC_HEADERS)
+        await client.send_all(1, grpc_message(message))
+        await client.until(lambda: 1 in client.ended)
+        assert bytes(client.data[1]) == grpc_message(message * 2)
+        assert client.trailers[1][b"grpc-status"] == b"0"
+        assert process.seen == [message]
+        await client.close()
+
+
+async def test_an_answer_of_megabytes_to_a_client_with_wide_windows_arrives_whole() -> None:
+    """The path a large held body takes back to Envoy: frames as the windows and the socket allow."""
+    process = Echo(times=16)
+    message = bytes(range(256)) * 2048  # 512 KiB, answered with 8 MiB
+    async with serving(process, max_send=1 << 24) as server:
+        client = await H2Client.open(server.port, window=(1 << 31) - 1)
+        client.conn.increment_flow_control_window((1 << 31) - 1 - 65_535)
+        client.conn.send_headers(1, GRPC_HEADERS)
+        await client.send_all(1, grpc_message(message))
+        await client.until(lambda: 1 in client.ended)
+        assert bytes(client.data[1]) == grpc_message(message * 16)
+        assert client.trailers[1][b"grpc-status"] == b"0"
+        await client.close()
+
+
+async def test_a_stalled_answer_resumes_when_the_client_opens_its_window() -> None:
+    process = Echo(times=50)
+    async with serving(process) as server:
+        client = await H2Client.open(server.port, window=10_000)
+        client.auto_ack = False
+        client.conn.send_headers(1, GRPC_HEADERS)
+        await client.send_all(1, grpc_message(b"x" * 1_000))
+        await client.until(lambda: len(client.data.get(1, b"")) >= 10_000)
+        assert 1 not in client.ended  # 50,005 bytes to send, 10,000 allowed
+        client.conn.acknowledge_received_data(len(client.data[1]), 1)
+        client.conn.increment_flow_control_window(1 << 20)
+        client.conn.increment_flow_control_window(1 << 20, stream_id=1)
+        client.flush()
+        client.auto_ack = True
+        await client.until(lambda: 1 in client.ended)
+        assert bytes(client.data[1]) == grpc_message(b"x" * 50_000)
+        await client.close()
+
+
+async def test_data_a_handler_never_reads_is_returned_to_the_connection_window_when_its_stream_ends() -> None:
+    """Streams whose handler holds, each sent a full stream window and then reset by the client: 24 MiB in
+    all, past the 16 MiB connection window. The connection keeps its window (a new stream is answered)."""
+    process = Echo()
+    process.hold = asyncio.Event()
+    async with serving(process) as server:
+        client = await H2Client.open(server.port)
+        for stream_id in range(1, 49, 2):
+            client.conn.send_headers(stream_id, GRPC_HEADERS)
+            await client.send_all(stream_id, b"\0" * http2.STREAM_WINDOW, end_stream=False)
+            client.conn.reset_stream(stream_id)
+            client.flush()
+        process.hold.set()
+        client.conn.send_headers(49, GRPC_HEADERS)
+        await client.send_all(49, grpc_message(b"still here"))
+        await client.until(lambda: 49 in client.ended)
+        assert bytes(client.data[49]) == grpc_message(b"still here")
+        await client.close()
+
+
+async def test_pings_are_answered_and_streams_of_unknown_methods_or_other_content_are_refused() -> None:
+    async with serving(Echo()) as server:
+        client = await H2Client.open(server.port)
+        client.conn.ping(b"12345678")
+        client.conn.send_headers(1, [(k, "/no.Such/Method" if k == ":path" else v) for k, v in GRPC_HEADERS], True)
+        client.conn.send_headers(3, [(k, "text/plain" if k == "content-type" else v) for k, v in GRPC_HEADERS], True)
+        client.flush()
+        await client.until(lambda: {1, 3} <= client.ended and client.pongs)
+        assert client.pongs == [b"12345678"]
+        assert client.trailers[1][b"grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]).encode()
+        assert client.trailers[1][b"grpc-message"] == b"Method not found: /no.Such/Method"
+        assert 3 not in client.trailers  # not gRPC: a plain HTTP status
+        await client.close()
+
+
+async def test_data_past_the_stream_window_resets_that_stream_only() -> None:
+    process = Echo()
+    process.hold = asyncio.Event()
+    async with serving(process) as server:
+        client = await RawClient.open(server.port)
+        client.headers(1)
+        chunk = b"\0" * http2.MAX_FRAME
+        for _ in range(http2.STREAM_WINDOW // http2.MAX_FRAME + 1):  # one frame more than the window
+            client.send(http2.DATA, 0, 1, chunk)
+        _, payload = await client.until(http2.RST_STREAM, 1)
+        assert int.from_bytes(payload, "big") == http2.FLOW_CONTROL_ERROR
+        process.hold.set()
+        client.headers(3)
+        client.send(http2.DATA, http2.END_STREAM, 3, grpc_message(b"next"))
+        _, answer = await client.until(http2.DATA, 3)
+        assert answer == grpc_message(b"next")
+        await client.close()
+
+
+async def test_protocol_violations_end_the_connection_with_their_error_code() -> None:
+    async with serving(Echo()) as server:
+        cases: list[tuple[str, Any, int]] = [
+            ("a frame above 16 KiB", lambda c: c.send(http2.DATA, 0, 1, b"\0" * (http2.MAX_FRAME + 1)), 0x6),
+            ("HPACK that does not decode", lambda c: c.send(http2.HEADERS, http2.END_HEADERS, 1, b"\xff\xff"), 0x9),
+            ("a client stream with an even id", lambda c: c.headers(2), 0x1),
+            ("DATA on a stream never opened", lambda c: c.send(http2.DATA, 0, 7, b"x"), 0x1),
+            ("a PUSH_PROMISE", lambda c: c.send(http2.PUSH_PROMISE, http2.END_HEADERS, 1, b"\0\0\0\2"), 0x1),
+            ("a malformed PING", lambda c: c.send(http2.PING, 0, 0, b"short"), 0x1),
+            ("an initial window past 2^31-1", lambda c: c.send(http2.SETTINGS, 0, 0, b"\0\4\x80\0\0\0"), 0x3),
+        ]
+        for what, act, code in cases:
+            client = await RawClient.open(server.port)
+            act(client)
+            assert await client.goaway_code() == code, what
+            await client.close()
+        client = await RawClient.open(server.port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await client.goaway_code() == http2.PROTOCOL_ERROR
+        await client.close()
+
+
+async def test_a_header_block_is_bounded_across_continuation_frames() -> None:
+    async with serving(Echo()) as server:
+        client = await RawClient.open(server.port)
+        client.send(http2.HEADERS, 0, 1, client.encoder.encode(GRPC_HEADERS))
+        for _ in range(http2.MAX_HEADER_BLOCK // http2.MAX_FRAME + 1):
+            client.send(http2.CONTINUATION, 0, 1, b"\0" * http2.MAX_FRAME)
+        assert await client.goaway_code() == http2.ENHANCE_YOUR_CALM
+        await client.close()
+        client = await RawClient.open(server.port)
+        block = client.encoder.encode(GRPC_HEADERS)  # split over three frames: fine
+        client.send(http2.HEADERS, 0, 1, block[:5])
+        client.send(http2.CONTINUATION, 0, 1, block[5:10])
+        client.send(http2.CONTINUATION, http2.END_HEADERS, 1, block[10:])
+        client.send(http2.DATA, http2.END_STREAM, 1, grpc_message(b"split"))
+        _, answer = await client.until(http2.DATA, 1)
+        assert answer == grpc_message(b"split")
+        await client.close()
+
+
+async def test_padded_frames_are_read_without_their_padding() -> None:
+    async with serving(Echo()) as server:
+        client = await RawClient.open(server.port)
+        block = client.encoder.encode(GRPC_HEADERS)
+        client.send(http2.HEADERS, http2.END_HEADERS | http2.PADDED, 1, b"\3" + block + b"pad")
+        client.send(http2.DATA, http2.END_STREAM | http2.PADDED, 1, b"\2" + grpc_message(b"padded") + b"pp")
+        _, answer = await client.until(http2.DATA, 1)
+        assert answer == grpc_message(b"padded")
+        await client.close()
