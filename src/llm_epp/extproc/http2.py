@@ -277,9 +277,8 @@ class Http2Connection(asyncio.Protocol):
         self.send_window = 65_535
         self._unacked = 0
         self._window_used = 0  # bytes the peer sent that we have not returned to its connection window
-        self._window_open: asyncio.Event | None = None  # set when the peer's windows grow
         self.writable = True
-        self._resumed: asyncio.Event | None = None
+        self._can_send: asyncio.Event | None = None  # set when the peer's windows grow or it reads again
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_due = False
@@ -339,8 +338,7 @@ class Http2Connection(asyncio.Protocol):
         self.writable = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
-        if self._resumed is not None:
-            self._resumed.set()
+        self._opened()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -350,9 +348,7 @@ class Http2Connection(asyncio.Protocol):
             if stream.task is not None:
                 stream.task.cancel()
         self.streams.clear()
-        for event in (self._window_open, self._resumed):
-            if event is not None:
-                event.set()
+        self._opened()
         self._on_close(self)
 
     # --- frames in -----------------------------------------------------------------------------------------
@@ -620,8 +616,8 @@ class Http2Connection(asyncio.Protocol):
         self._send(_frame(WINDOW_UPDATE, 0, stream_id, n.to_bytes(4, "big")))
 
     def _opened(self) -> None:
-        if self._window_open is not None:
-            self._window_open.set()
+        if self._can_send is not None:
+            self._can_send.set()
 
     async def send_flow_controlled(self, stream: Stream, rest: memoryview) -> None:
         """Sends a message that does not fit at once: frame by frame as the peer's windows and the socket
@@ -629,20 +625,13 @@ class Http2Connection(asyncio.Protocol):
         while rest:
             if self.transport is None or stream.ended:
                 raise asyncio.CancelledError
-            if not self.writable:
-                if self._resumed is None:
-                    self._resumed = asyncio.Event()
-                self._resumed.clear()
-                self._flush()
-                await self._resumed.wait()
-                continue
             n = min(len(rest), self.peer_max_frame, stream.send_window, self.send_window)
-            if n <= 0:
-                if self._window_open is None:
-                    self._window_open = asyncio.Event()
-                self._window_open.clear()
+            if n <= 0 or not self.writable:
+                if self._can_send is None:
+                    self._can_send = asyncio.Event()
+                self._can_send.clear()
                 self._flush()
-                await self._window_open.wait()
+                await self._can_send.wait()
                 continue
             stream.send_window -= n
             self.send_window -= n

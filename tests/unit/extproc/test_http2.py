@@ -109,6 +109,13 @@ class RawClient:
                 return got[1], got[3]
         raise AssertionError(f"the connection closed before a frame of type {kind}")
 
+    async def echoed(self, stream_id: int, frame_flags: int, payload: bytes) -> bytes:
+        """Sends `payload` (framed as `frame_flags` say) as the stream's last DATA and returns the answer's
+        DATA."""
+        self.send(http2.DATA, http2.END_STREAM | frame_flags, stream_id, payload)
+        _, answer = await self.until(http2.DATA, stream_id)
+        return answer
+
     async def goaway_code(self) -> int:
         _, payload = await self.until(http2.GOAWAY)
         assert await self.frame() is None, "the connection stays open after GOAWAY"
@@ -287,9 +294,7 @@ async def test_data_past_the_stream_window_resets_that_stream_only() -> None:
         assert int.from_bytes(payload, "big") == http2.FLOW_CONTROL_ERROR
         process.hold.set()
         client.headers(3)
-        client.send(http2.DATA, http2.END_STREAM, 3, grpc_message(b"next"))
-        _, answer = await client.until(http2.DATA, 3)
-        assert answer == grpc_message(b"next")
+        assert await client.echoed(3, 0, grpc_message(b"next")) == grpc_message(b"next")
         await client.close()
 
 
@@ -327,9 +332,7 @@ async def test_a_header_block_is_bounded_across_continuation_frames() -> None:
         client.send(http2.HEADERS, 0, 1, block[:5])
         client.send(http2.CONTINUATION, 0, 1, block[5:10])
         client.send(http2.CONTINUATION, http2.END_HEADERS, 1, block[10:])
-        client.send(http2.DATA, http2.END_STREAM, 1, grpc_message(b"split"))
-        _, answer = await client.until(http2.DATA, 1)
-        assert answer == grpc_message(b"split")
+        assert await client.echoed(1, 0, grpc_message(b"split")) == grpc_message(b"split")
         await client.close()
 
 
@@ -338,7 +341,6 @@ async def test_padded_frames_are_read_without_their_padding() -> None:
         client = await RawClient.open(server.port)
         block = client.encoder.encode(GRPC_HEADERS)
         client.send(http2.HEADERS, http2.END_HEADERS | http2.PADDED, 1, b"\3" + block + b"pad")
-        client.send(http2.DATA, http2.END_STREAM | http2.PADDED, 1, b"\2" + grpc_message(b"padded") + b"pp")
-        _, answer = await client.until(http2.DATA, 1)
-        assert answer == grpc_message(b"padded")
+        padded = b"\2" + grpc_message(b"padded") + b"pp"
+        assert await client.echoed(1, http2.PADDED, padded) == grpc_message(b"padded")
         await client.close()
