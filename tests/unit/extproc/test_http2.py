@@ -6,6 +6,7 @@ ends its stream or its connection with the protocol's error code, never more buf
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -344,3 +345,32 @@ async def test_padded_frames_are_read_without_their_padding() -> None:
         padded = b"\2" + grpc_message(b"padded") + b"pp"
         assert await client.echoed(1, http2.PADDED, padded) == grpc_message(b"padded")
         await client.close()
+
+
+async def test_a_client_that_does_not_read_is_not_read_either() -> None:
+    """A flood of PINGs from a client that never reads the acknowledgements: once the server's socket and
+    its transport are full, the server stops reading that client, so what it holds for it stays bounded (here
+    ~1.7 MB of acknowledgements would otherwise pile up)."""
+    async with serving(Echo()) as server:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(http2.PREFACE + http2._frame(http2.SETTINGS, 0, 0))
+        await _until(lambda: server._connections, "the connection")
+        (conn,) = server._connections
+        assert conn.transport is not None
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ping = http2._frame(http2.PING, 0, 0, b"8 bytes!")
+        writer.write(ping * 100_000)
+        await _until(lambda: not conn.writable, "the server to stop writing")
+        for _ in range(50):  # the client keeps sending; the server must not keep reading
+            await asyncio.sleep(0.01)
+        assert conn.transport.get_write_buffer_size() < 512 << 10
+        writer.transport.abort()
+
+
+async def _until(cond: Any, what: str) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
