@@ -25,6 +25,7 @@ from llm_epp.datalayer.discovery import DiscoveryError, DiscoveryFileWatcher
 from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
+from llm_epp.extproc.held import HeldBytes
 from llm_epp.extproc.http2_server import ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
@@ -325,9 +326,15 @@ def _ssl_context(opts: Options) -> ssl.SSLContext | None:
 
 
 def ext_proc_server(
-    opts: Options, process: Any, health: HealthState | None, stream_metrics: StreamMetrics | None = None
+    opts: Options,
+    process: Any,
+    health: HealthState | None,
+    stream_metrics: StreamMetrics | None = None,
+    *,
+    held: HeldBytes,
 ) -> ExtProcServer:
-    """The event loop's server of the ext_proc port (and of gRPC health on it with `health`), not yet bound."""
+    """The event loop's server of the ext_proc port (and of gRPC health on it with `health`), not yet bound.
+    Messages it gathers count in `held`, the servicer's count of held request bytes."""
     return ExtProcServer(
         process,
         ProcessingRequest.FromString,
@@ -336,6 +343,7 @@ def ext_proc_server(
         health=health,
         stream_metrics=stream_metrics,
         ssl_context=_ssl_context(opts),
+        held=held,
     )
 
 
@@ -525,6 +533,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             c.servicer.process,
             c.health if opts.health_checking else None,
             stream_metrics,
+            held=c.servicer.held,
         )
         try:
             port = loop_server.bind(opts.bind_address, opts.grpc_port)

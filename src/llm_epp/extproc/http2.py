@@ -6,11 +6,20 @@ the server sends are literals that never touch HPACK's dynamic table, so they ar
 else (frames, flow control, stream states) is here, and costs a fraction of a general HTTP/2 stack per
 request (`benchmarks/results/overhead_picker.md`, "Eleventh check").
 
-Bounds a client cannot lift: frames of at most 16 KiB (the protocol's default), header blocks of at most
-`MAX_HEADER_BLOCK` bytes, a message's size checked from its length prefix before it is read, and
-received data acknowledged only as handlers consume it, so a connection buffers at most its flow-control
-window (`CONNECTION_WINDOW`). Answers leave in one write per loop pass and connection (`_flush`), or
-sooner past `FLUSH_AT` bytes; while the peer does not read them, the connection does not read the peer.
+Bounds a client cannot lift:
+
+- frames of at most 16 KiB (the protocol's default), header blocks of at most `MAX_HEADER_BLOCK` bytes;
+- at most `max_streams` streams open per connection (SETTINGS_MAX_CONCURRENT_STREAMS, more are refused with
+  REFUSED_STREAM); until the client acknowledges the setting, `UNACKED_STREAMS_FACTOR` times as many, since
+  a gateway may open a burst of streams before the setting reaches it;
+- a message's size checked from its length prefix before it is read;
+- a message that spans frames is gathered within the process's count of held request bytes (`held`): past
+  it the read raises `HeldBytesExceeded`, and a handler that does not catch it ends with RESOURCE_EXHAUSTED;
+- received data acknowledged only as handlers consume it, so a connection buffers at most its flow-control
+  window (`CONNECTION_WINDOW`).
+
+Answers leave in one write per loop pass and connection (`_flush`), or sooner past `FLUSH_AT` bytes; while
+the peer does not read them, the connection does not read the peer.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from urllib.parse import quote
 import grpc
 from hpack import Decoder
 from hpack.exceptions import HPACKError
+
+from llm_epp.extproc.held import HeldBytes, HeldBytesExceeded
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +50,19 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 ENHANCE_YOUR_CALM = 0xB
 
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x1, 0x4, 0x5
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x3
+SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 
 MAX_FRAME = 16_384  # what we accept (the protocol's default; we never raise it)
 MAX_HEADER_BLOCK = 65_536  # a header block (HEADERS and its CONTINUATIONs), encoded
 STREAM_WINDOW = 1 << 20  # what one stream may send ahead of its handler
 CONNECTION_WINDOW = 16 << 20  # what one connection may send ahead of its handlers
+MAX_CONCURRENT_STREAMS = 1024  # per connection; a gateway needing more opens another connection
+UNACKED_STREAMS_FACTOR = 4  # the limit is that many times higher until the client has acknowledged it
+# A message being gathered may pass the held-bytes limit by this much: the limit is stated in request body
+# bytes, and each message wraps its body bytes in a few bytes of protobuf.
+GATHER_SLACK = 64 << 10
 MAX_WINDOW = (1 << 31) - 1
 MAX_STATUS_MESSAGE = 1024  # characters of grpc-message
 FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more is written at once
@@ -183,11 +200,21 @@ class Stream:
         first."""
         if self._buffered >= n and len(self._chunks[0]) >= n:
             return self._take(n)
+        held = self._conn.held
         parts = bytearray()
-        while len(parts) < n:
-            if not await self._more():
-                return None
-            parts += self._take(n - len(parts))
+        try:
+            while len(parts) < n:
+                if not await self._more():
+                    return None
+                k = min(n - len(parts), len(self._chunks[0]))
+                if not held.take(k, GATHER_SLACK):
+                    raise HeldBytesExceeded(
+                        f"a message of {n} bytes would take the request bytes held past {held.limit} "
+                        "(--max-held-request-bytes)"
+                    )
+                parts += self._take(k)
+        finally:
+            held.give(len(parts))
         return bytes(parts)
 
     async def read(self, max_size: int) -> bytes | None:
@@ -255,10 +282,15 @@ class Http2Connection(asyncio.Protocol):
         route: Callable[[str], Handler | None],
         refusing: Callable[[], bool],
         on_close: Callable[[Http2Connection], None],
+        held: HeldBytes,
+        max_streams: int = MAX_CONCURRENT_STREAMS,
     ) -> None:
         self._route = route
         self._refusing = refusing
         self._on_close = on_close
+        self.held = held  # request bytes the process holds: messages being gathered count there too
+        self._max_streams = max_streams
+        self._stream_limit = max_streams * UNACKED_STREAMS_FACTOR
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()  # the start of a frame (or of the preface) that has not fully arrived
@@ -287,7 +319,9 @@ class Http2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         settings = (
-            SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big")
+            SETTINGS_MAX_CONCURRENT_STREAMS.to_bytes(2, "big")
+            + self._max_streams.to_bytes(4, "big")
+            + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big")
             + STREAM_WINDOW.to_bytes(4, "big")
             + SETTINGS_MAX_HEADER_LIST_SIZE.to_bytes(2, "big")
             + MAX_HEADER_BLOCK.to_bytes(4, "big")
@@ -400,6 +434,7 @@ class Http2Connection(asyncio.Protocol):
         if flags & ACK:
             if payload:
                 raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            self._stream_limit = self._max_streams  # our one SETTINGS frame is acknowledged
             return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS frame of a partial setting")
@@ -527,7 +562,7 @@ class Http2Connection(asyncio.Protocol):
         if not stream_id % 2:
             raise _ConnectionError(PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
         self._last_id = stream_id
-        if self._goaway:
+        if self._goaway or len(self.streams) >= self._stream_limit:
             self._send(_frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
         fields: dict[bytes, bytes] = {}
@@ -563,6 +598,8 @@ class Http2Connection(asyncio.Protocol):
             raise
         except RpcError as e:
             stream.finish(e.code, e.message)
+        except HeldBytesExceeded as e:
+            stream.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except Exception:
             log.exception("grpc_handler_failed path=%s", stream.path)
             stream.finish(grpc.StatusCode.UNKNOWN, "Internal Server Error")

@@ -18,8 +18,10 @@ step, before start), `start()` and `stop(grace)`. It serves:
 
 `stop(grace)` refuses new streams at once (UNAVAILABLE) and closes the listener, gives the streams in
 flight up to `grace` seconds, then cancels what is left and drops the connections; `stop(None)` cancels at
-once. Streams per connection are not capped (as on grpcio): anything that can reach the port can open
-them, so the port needs TLS (`--secure-serving`) or a network boundary.
+once. What a client can make the server hold is bounded per connection (`max_streams` streams and the
+flow-control windows) and across connections (messages being gathered count in `held`, the servicer's count
+of held request bytes); the number of connections is not, so the port needs TLS (`--secure-serving`) or a
+network boundary.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from llm_epp.extproc.http2 import Handler, Http2Connection, RpcError, Stream
+from llm_epp.extproc.held import DEFAULT_MAX_HELD_BYTES, HeldBytes
+from llm_epp.extproc.http2 import MAX_CONCURRENT_STREAMS, Handler, Http2Connection, RpcError, Stream
 from llm_epp.observability.health import (
     SERVICE as HEALTH_SERVICE,
 )
@@ -98,6 +101,8 @@ class ExtProcServer:
         health: HealthState | None = None,
         stream_metrics: StreamMetrics | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        held: HeldBytes | None = None,
+        max_streams: int = MAX_CONCURRENT_STREAMS,
     ) -> None:
         self._process = process
         self._decode = decode
@@ -106,6 +111,8 @@ class ExtProcServer:
         self._health = health
         self._metrics = stream_metrics
         self._ssl = ssl_context
+        self.held = held if held is not None else HeldBytes(DEFAULT_MAX_HELD_BYTES)
+        self._max_streams = max_streams
         self._sock: socket.socket | None = None
         self._listener: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
@@ -177,7 +184,9 @@ class ExtProcServer:
 
     # --- connections ------------------------------------------------------------------------------------
     def _connection(self) -> Http2Connection:
-        conn = Http2Connection(self._routes.get, self._is_refusing, self._connections.discard)
+        conn = Http2Connection(
+            self._routes.get, self._is_refusing, self._connections.discard, self.held, self._max_streams
+        )
         self._connections.add(conn)
         return conn
 

@@ -28,6 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from llm_epp.extproc import codec
 from llm_epp.extproc import headers as h
+from llm_epp.extproc.held import DEFAULT_MAX_HELD_BYTES, HeldBytes, HeldBytesExceeded
 from llm_epp.framework import EppError, ErrorCode
 from llm_epp.framework.parsing import ResponseReader
 from llm_epp.framework.tracing import CURRENT_TRACE, RequestTrace, Tracer
@@ -51,7 +52,6 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 FDS = ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = ProcessingMode.BUFFERED
 STREAMED = ProcessingMode.STREAMED
-DEFAULT_MAX_HELD_BYTES = 256 << 20
 RETRY_AFTER_S = "1"
 # How long a stream whose response ended at its headers waits for Envoy to close it before ending it with OK.
 # Envoy resets the stream as soon as the response has passed; a read in flight at that moment (or a status
@@ -124,8 +124,9 @@ class _Stream:
 
 class ExtProcServicer:
     """`max_request_body_bytes` bounds one request body (413 above it); `max_held_request_bytes` bounds the
-    request body bytes held across all streams at once (503 with Retry-After above it). `tracer` defaults
-    to the director's, so the trace the servicer starts is the one the director reports phases to."""
+    request body bytes held across all streams at once (503 with Retry-After above it), counted in `held`.
+    `tracer` defaults to the director's, so the trace the servicer starts is the one the director reports
+    phases to."""
 
     def __init__(
         self,
@@ -141,11 +142,10 @@ class ExtProcServicer:
     ) -> None:
         self.director = director
         self.max_body = max_request_body_bytes
-        self.max_held = max_held_request_bytes
         self.enable_explain = enable_explain
         self.emit_endpoint_scores = emit_endpoint_scores
         self.tracer = tracer if tracer is not None else director.tracer  # one tracer for both halves
-        self.held_bytes = 0  # request body bytes held by all streams now
+        self.held = HeldBytes(max_held_request_bytes)  # request bytes held by all streams now
         self.close_wait_s = close_wait_s
         self.stream_wait_s = stream_wait_s
         # How the peer ends a stream once a response without bodies is over: True = it resets the stream (Envoy,
@@ -194,15 +194,20 @@ class ExtProcServicer:
         write = ctx.write
         while True:
             handle = st.handle
-            if handle is not None and handle.eviction is not None and not st.response_done:
-                req = await _read_unless_evicted(ctx, handle.eviction)
-                if req is _EVICTED:
-                    log.info("request_evicted request_id=%s", st.request_id)
-                    st.status = 429
-                    await _write_last(write, codec.evicted_response(st.request_id))
-                    return
-            else:
-                req = await ctx.read()
+            try:
+                if handle is not None and handle.eviction is not None and not st.response_done:
+                    req = await _read_unless_evicted(ctx, handle.eviction)
+                else:
+                    req = await ctx.read()
+            except HeldBytesExceeded as e:  # the transport could not gather the next message within the bound
+                log.info("request_refused request_id=%s: %s", st.request_id, e)
+                await _write_last(write, self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),)))
+                return
+            if req is _EVICTED:
+                log.info("request_evicted request_id=%s", st.request_id)
+                st.status = 429
+                await _write_last(write, codec.evicted_response(st.request_id))
+                return
             if req is eof:
                 if st.saw_response_headers and st.resp_mode == ProcessingMode.NONE and not st.response_done:
                     # The response is over. Envoy half-closes and then resets: end the request now, then wait
@@ -225,7 +230,7 @@ class ExtProcServicer:
                     if st.body_len + size > self.max_body:
                         await _write_last(write, self._reject(st, self._too_large()))
                         return
-                    if self.held_bytes + size > self.max_held:
+                    if not self.held.take(size):
                         await _write_last(
                             write, self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),))
                         )
@@ -233,7 +238,6 @@ class ExtProcServicer:
                     st.body.append(chunk)
                     st.body_len += size
                     st.held += size
-                    self.held_bytes += size
                 if rb.end_of_stream:
                     if not await self._route(st, write, trailers=False):
                         return
@@ -380,7 +384,7 @@ class ExtProcServicer:
 
     def _release(self, st: _Stream) -> None:
         if st.held:
-            self.held_bytes -= st.held
+            self.held.give(st.held)
             st.held = 0
 
     def _too_large(self) -> EppError:

@@ -19,6 +19,7 @@ import h2.settings
 from hpack import Encoder
 
 from llm_epp.extproc import http2
+from llm_epp.extproc.held import HeldBytes
 from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
 
 EOF = grpc.aio.EOF
@@ -366,6 +367,82 @@ async def test_a_client_that_does_not_read_is_not_read_either() -> None:
             await asyncio.sleep(0.01)
         assert conn.transport.get_write_buffer_size() < 512 << 10
         writer.transport.abort()
+
+
+async def test_messages_that_span_frames_are_gathered_within_the_held_bytes_across_connections() -> None:
+    """Two clients on two connections: while one holds 40,000 bytes of an unfinished 80,000-byte message, a
+    70,000-byte message from the other would take the request bytes held past 40,000 by more than the slack
+    left for protobuf framing (64 KiB): its read raises `HeldBytesExceeded`, which a handler that does not
+    catch it turns into RESOURCE_EXHAUSTED. The first message completes, and once its bytes are let go the
+    second client's message fits. A client resetting a stream mid-message gives its bytes back too."""
+    assert http2.GATHER_SLACK == 65_536
+    process = Echo()
+    async with serving(process, held=HeldBytes(40_000)) as server:
+        first = await H2Client.open(server.port, window=1 << 20)
+        first.conn.send_headers(1, GRPC_HEADERS)
+        message = bytes(range(256)) * 312 + b"12345678"  # 80,000 bytes
+        framed = grpc_message(message)
+        await first.send_all(1, framed[:40_005], end_stream=False)
+        await _until(lambda: server.held.used == 40_000, "the first message's bytes to be gathered")
+
+        second = await H2Client.open(server.port, window=1 << 20)
+        second.conn.send_headers(1, GRPC_HEADERS)
+        await second.send_all(1, grpc_message(b"y" * 70_000))
+        await second.until(lambda: 1 in second.ended)
+        assert second.trailers[1][b"grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]).encode()
+        assert b"--max-held-request-bytes" in second.trailers[1][b"grpc-message"]
+        assert 1 not in second.data  # nothing was answered
+        assert server.held.used == 40_000  # the refused message's bytes are let go
+
+        await first.send_all(1, framed[40_005:])
+        await first.until(lambda: 1 in first.ended)
+        assert bytes(first.data[1]) == framed
+        assert server.held.used == 0
+
+        second.conn.send_headers(3, GRPC_HEADERS)
+        await second.send_all(3, grpc_message(b"y" * 70_000))
+        await second.until(lambda: 3 in second.ended)
+        assert second.trailers[3][b"grpc-status"] == b"0"
+        assert bytes(second.data[3]) == grpc_message(b"y" * 70_000)
+
+        first.conn.send_headers(3, GRPC_HEADERS)
+        await first.send_all(3, framed[:50_005], end_stream=False)
+        await _until(lambda: server.held.used == 50_000, "the third message's bytes to be gathered")
+        first.conn.reset_stream(3)
+        first.flush()
+        await _until(lambda: server.held.used == 0, "a reset stream's bytes to be let go")
+        await first.close()
+        await second.close()
+
+
+async def test_streams_past_the_concurrency_limit_are_refused_until_one_closes() -> None:
+    """The limit is advertised, and enforced once the client has acknowledged it; before that (a gateway may
+    open a burst of streams before the setting reaches it) it is four times higher, but still a limit."""
+    process = Echo()
+    async with serving(process, max_streams=3) as server:
+        client = await H2Client.open(server.port)
+        await client.until(lambda: client.conn.remote_settings.max_concurrent_streams == 3)
+        unacked = await RawClient.open(server.port)
+        for stream_id in range(1, 27, 2):
+            unacked.headers(stream_id)
+        _, payload = await unacked.until(http2.RST_STREAM)
+        assert payload == http2.REFUSED_STREAM.to_bytes(4, "big")
+        assert max(len(c.streams) for c in server._connections) == 12
+        await unacked.close()
+
+        raw = await RawClient.open(server.port)
+        raw.send(http2.SETTINGS, http2.ACK, 0)
+        for stream_id in (1, 3, 5, 7):  # a client that ignores the setting
+            raw.headers(stream_id)
+        _, payload = await raw.until(http2.RST_STREAM, 7)
+        assert int.from_bytes(payload, "big") == http2.REFUSED_STREAM
+        assert await raw.echoed(1, 0, grpc_message(b"one")) == grpc_message(b"one")
+        await raw.until(http2.HEADERS, 1)  # stream 1's trailers: it is over, so one more stream fits
+        raw.headers(9)
+        assert await raw.echoed(9, 0, grpc_message(b"nine")) == grpc_message(b"nine")
+        assert await raw.echoed(3, 0, grpc_message(b"three")) == grpc_message(b"three")
+        await raw.close()
+        await client.close()
 
 
 async def _until(cond: Any, what: str) -> None:

@@ -10,8 +10,10 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from llm_epp.extproc import servicer as servicer_module
+from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
 from llm_epp.framework.requestcontrol import (
@@ -363,22 +365,61 @@ async def test_held_request_bytes_are_bounded_across_streams_and_released() -> N
     slow = Gate([headers_msg(POST), body_msg(data[:2000], False)], [body_msg(data[2000:], True)], release)
     task = asyncio.create_task(h.servicer.process(None, slow))  # type: ignore[arg-type]
     await slow.blocked.wait()
-    assert h.servicer.held_bytes == 2000
+    assert h.servicer.held.used == 2000
     # a second request that would take the EPP over the bound is refused at once, the first is unharmed
     ctx = await h.run([headers_msg(POST), body_msg(b"y" * 1500, False), body_msg(b"", True)])
     ir = ctx.sent[0].immediate_response
     assert ir.status.code == 503
     assert {o.header.key for o in ir.headers.set_headers} >= {"retry-after"}
     assert "--max-held-request-bytes" in json.loads(ir.body)["error"]["message"]
-    assert h.servicer.held_bytes == 2000
+    assert h.servicer.held.used == 2000
     release.set()
     await task
     assert slow.kinds()[0] == "request_headers"
-    assert h.servicer.held_bytes == 0
+    assert h.servicer.held.used == 0
     ctx = await h.run([headers_msg(POST), body_msg(b"y" * 1500, False), body_msg(body(), True)])
     assert ctx.kinds()[0] == "immediate_response"  # 1500 bytes of junk JSON: 400, and nothing stays held
     assert ctx.sent[0].immediate_response.status.code == 400
-    assert h.servicer.held_bytes == 0
+    assert h.servicer.held.used == 0
+
+
+async def test_a_message_the_transport_cannot_gather_within_the_held_bytes_gets_503_with_retry_after() -> None:
+    """Over the asyncio transport, a body chunk that spans frames counts in the same held bytes while it is
+    gathered: one that would take them past the bound (and its slack for protobuf framing) is answered like
+    a body the servicer cannot hold, 503 with Retry-After, before it has all arrived; nothing stays held."""
+    h = Harness(PODS, servicer_opts={"max_held_request_bytes": 20_000})
+    server = ExtProcServer(
+        h.servicer.process,
+        pb.ProcessingRequest.FromString,
+        max_recv=1 << 20,
+        max_send=1 << 20,
+        held=h.servicer.held,
+    )
+    server.bind("127.0.0.1", 0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = channel.stream_stream(PROCESS)()
+            await call.write(headers_msg(POST).SerializeToString())
+            await call.write(body_msg(b"x" * 100_000, False).SerializeToString())
+            answer = pb.ProcessingResponse.FromString(await call.read())
+            ir = answer.immediate_response
+            assert ir.status.code == 503
+            assert {o.header.key for o in ir.headers.set_headers} >= {"retry-after"}
+            assert "--max-held-request-bytes" in json.loads(ir.body)["error"]["message"]
+            assert await call.code() == grpc.StatusCode.OK
+            assert h.servicer.held.used == 0
+
+            call = channel.stream_stream(PROCESS)()
+            small = body(prompt="y" * 3000)
+            for message in (headers_msg(POST), body_msg(small, True)):
+                await call.write(message.SerializeToString())
+            answer = pb.ProcessingResponse.FromString(await call.read())
+            assert answer.WhichOneof("response") == "request_headers"  # routed
+            await call.done_writing()
+    finally:
+        await server.stop(None)
+    assert h.servicer.held.used == 0
 
 
 async def test_held_bytes_are_released_when_the_client_goes_away() -> None:
@@ -387,7 +428,7 @@ async def test_held_bytes_are_released_when_the_client_goes_away() -> None:
         await h.run([headers_msg(POST), body_msg(b"x" * 1000, False)], cancel_at_end=True)
     except asyncio.CancelledError:
         pass
-    assert h.servicer.held_bytes == 0
+    assert h.servicer.held.used == 0
 
 
 async def test_endpoint_scores_in_metadata_only_when_asked() -> None:

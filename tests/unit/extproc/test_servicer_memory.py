@@ -68,6 +68,6 @@ async def test_requests_with_distinct_ids_leave_no_object_behind(monkeypatch: py
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert grown < BATCH // 10, f"{grown} more tracked objects after {BATCH} more requests"
-    assert c.servicer.held_bytes == 0
+    assert c.servicer.held.used == 0
     ids = [o for o in _reachable_atoms() if isinstance(o, str) and ID.fullmatch(o)]
     assert ids == [], f"{len(ids)} request ids still referenced"
