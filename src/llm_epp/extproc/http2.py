@@ -294,6 +294,7 @@ class Http2Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()  # the start of a frame (or of the preface) that has not fully arrived
+        self._need = 0  # how long `_buf` must grow before a frame (or the preface) can be read from it
         self._preface = False
         self._settings_seen = False
         self._decoder = Decoder()
@@ -330,8 +331,11 @@ class Http2Connection(asyncio.Protocol):
         self._send(_frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - 65_535).to_bytes(4, "big")))
 
     def data_received(self, data: bytes) -> None:
-        if self._buf:
-            data = bytes(self._buf) + data
+        if self._buf:  # joined only once the frame can be read: a frame sent in pieces is copied once
+            self._buf += data
+            if len(self._buf) < self._need:
+                return
+            data = bytes(self._buf)
             self._buf.clear()
         try:
             if not self._preface:
@@ -339,6 +343,7 @@ class Http2Connection(asyncio.Protocol):
                     if not PREFACE.startswith(data):
                         raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
                     self._buf += data
+                    self._need = len(PREFACE)
                     return
                 if not data.startswith(PREFACE):
                     raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
@@ -358,6 +363,7 @@ class Http2Connection(asyncio.Protocol):
                     return
             if pos < end:
                 self._buf += data[pos:]
+                self._need = 9 + (int.from_bytes(data[pos : pos + 3], "big") if end - pos >= 9 else 0)
         except _ConnectionError as e:
             self._fail(e.code, str(e))
 

@@ -338,6 +338,34 @@ async def test_a_header_block_is_bounded_across_continuation_frames() -> None:
         await client.close()
 
 
+async def test_a_client_sending_one_byte_at_a_time_is_understood() -> None:
+    """The preface, SETTINGS, a header block and a message spanning two frames, each written a byte at a time
+    (the server sees many partial frames and joins each only once it is whole)."""
+    process = Echo()
+    async with serving(process) as server:
+        client = await RawClient.open(server.port, preface=b"")
+        message = grpc_message(b"z" * 20_000)
+        wire = (
+            http2.PREFACE
+            + http2._frame(http2.SETTINGS, 0, 0)
+            + http2._frame(http2.HEADERS, http2.END_HEADERS, 1, client.encoder.encode(GRPC_HEADERS))
+            + http2._frame(http2.DATA, 0, 1, message[: http2.MAX_FRAME])
+            + http2._frame(http2.DATA, http2.END_STREAM, 1, message[http2.MAX_FRAME :])
+        )
+        for i in range(len(wire)):
+            client.writer.write(wire[i : i + 1])
+            if i % 64 == 0:
+                await client.writer.drain()
+                await asyncio.sleep(0)
+        answer = b""
+        while len(answer) < len(message):
+            _, payload = await client.until(http2.DATA, 1)
+            answer += payload
+        assert answer == message
+        assert process.seen == [b"z" * 20_000]
+        await client.close()
+
+
 async def test_padded_frames_are_read_without_their_padding() -> None:
     async with serving(Echo()) as server:
         client = await RawClient.open(server.port)
