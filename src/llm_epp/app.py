@@ -347,6 +347,17 @@ def ext_proc_server(
     )
 
 
+async def _start_health_server(opts: Options, transport: str, health: HealthState) -> tuple[Any, int]:
+    """The plaintext gRPC health port, served by what serves the ext_proc port (`--grpc-transport`): on asyncio
+    the process needs no grpcio server, and no grpcio threads, unless the direct-routing API is on."""
+    if transport != "asyncio":
+        return await start_health_server(opts.bind_address, opts.grpc_health_port, health)
+    server = ExtProcServer(None, bytes, max_recv=0, max_send=0, health=health)
+    port = server.bind(opts.bind_address, opts.grpc_health_port)
+    await server.start()
+    return server, port
+
+
 def _cert_and_key(opts: Options) -> tuple[bytes, bytes]:
     try:
         return load_cert_dir(opts.cert_path) if opts.cert_path else self_signed()
@@ -572,8 +583,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         if not opts.secure_serving:
             log.warning("pick_api_tokens_over_plaintext: bearer tokens travel unencrypted; use --secure-serving")
     try:
-        health_server, health_port = await start_health_server(opts.bind_address, opts.grpc_health_port, c.health)
-    except RuntimeError as e:
+        health_server, health_port = await _start_health_server(opts, transport, c.health)
+    except (OSError, RuntimeError) as e:
         raise StartupError(f"cannot listen on port {opts.grpc_health_port} for health: {e}") from None
     try:
         metrics.start()

@@ -255,8 +255,9 @@ def _serve_parser(p: _Parser) -> None:
         choices=("auto", "asyncio", "grpcio"),
         metavar="auto|asyncio|grpcio",
         default="auto",
-        help="what serves the ext_proc port: asyncio (llm-epp's HTTP/2 server in the event loop's thread, about "
-        "half the CPU per request) or grpcio; auto (default) is asyncio unless the direct-routing API shares the port",
+        help="what serves the ext_proc and health ports: asyncio (llm-epp's HTTP/2 server in the event loop's "
+        "thread, about half the CPU per request) or grpcio; auto (default) is asyncio unless the direct-routing API "
+        "shares the ext_proc port",
     )
     serving.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"

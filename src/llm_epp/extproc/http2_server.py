@@ -9,10 +9,11 @@ check", for what it saves).
 `ExtProcServer` has the parts of `grpc.aio.Server` that `llm-epp serve` uses: `bind()` (the `add_*_port`
 step, before start), `start()` and `stop(grace)`. It serves:
 
-- `envoy.service.ext_proc.v3.ExternalProcessor/Process`, the servicer's stream handler behind a context with
-  `read()` (`grpc.aio.EOF` at the end) and `write(bytes)`, as grpc.aio gives it. A message larger than
-  `max_recv` is refused with RESOURCE_EXHAUSTED before it is read (the length prefix says its size), an
-  answer larger than `max_send` likewise; compressed messages are refused (Envoy does not compress).
+- `envoy.service.ext_proc.v3.ExternalProcessor/Process` (unless `process` is None, as on the health port),
+  the servicer's stream handler behind a context with `read()` (`grpc.aio.EOF` at the end) and
+  `write(bytes)`, as grpc.aio gives it. A message larger than `max_recv` is refused with RESOURCE_EXHAUSTED
+  before it is read (the length prefix says its size), an answer larger than `max_send` likewise;
+  compressed messages are refused (Envoy does not compress).
 - `grpc.health.v1.Health` (Check, List; Watch answers UNIMPLEMENTED) when given a `HealthState`.
 - with `StreamMetrics`: the ext_proc stream counters, as the grpcio interceptor keeps them.
 
@@ -93,7 +94,7 @@ class _Context:
 class ExtProcServer:
     def __init__(
         self,
-        process: Callable[[Any, Any], Awaitable[None]],
+        process: Callable[[Any, Any], Awaitable[None]] | None,
         decode: Callable[[bytes], Any],
         *,
         max_recv: int,
@@ -120,7 +121,7 @@ class ExtProcServer:
         self._streams = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._routes: dict[str, Handler] = {PROCESS: self._ext_proc}
+        self._routes: dict[str, Handler] = {PROCESS: self._ext_proc} if process is not None else {}
         if health is not None:
             self._routes |= {
                 f"/{HEALTH_SERVICE}/Check": self._check,
@@ -195,6 +196,7 @@ class ExtProcServer:
 
     # --- handlers ---------------------------------------------------------------------------------------
     async def _ext_proc(self, stream: Stream) -> None:
+        assert self._process is not None  # routed only when given
         self._streams += 1
         self._idle.clear()
         metrics = self._metrics
