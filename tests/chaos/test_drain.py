@@ -9,18 +9,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import httpx
 import pytest
 
-from llm_epp.observability.health import (
-    NOT_SERVING,
-    SERVING,
-    decode_check_response,
-    encode_check_request,
-)
+from llm_epp.observability.health import NOT_SERVING, SERVING
 from llm_epp.sim.stub import BackendPool
 from tests.envoy.conftest import Stack, start_stack, stop_stack
+from tests.support.health import health
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.envoy
@@ -28,16 +23,6 @@ pytestmark = pytest.mark.envoy
 STREAMS = 20
 TOKENS = 40
 ITL_S = 0.1  # each stream lasts ~4 s: longer than the drain window, so it ends after the EPP stops accepting
-
-
-def health(port: int, service: str = "") -> int:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=encode_check_request,
-            response_deserializer=decode_check_response,
-        )
-        return int(check(service, timeout=5))
 
 
 def stream(stack: Stack, i: int, started: threading.Barrier | None) -> tuple[int, bool, int]:

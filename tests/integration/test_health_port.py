@@ -6,24 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 import pytest
 
 from llm_epp.gateway.epp_process import EppProcess
-from llm_epp.observability.health import decode_check_response, encode_check_request
+from llm_epp.observability.health import SERVING
+from tests.support.health import health
 
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
-SERVING = 1
-
-
-def check(port: int, service: str) -> int:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=encode_check_request,
-            response_deserializer=decode_check_response,
-        )
-        return int(call(service, timeout=5))
 
 
 def thread_names(pid: int) -> set[str]:
@@ -34,8 +23,8 @@ def thread_names(pid: int) -> set[str]:
 def test_the_health_port_is_served_by_the_chosen_transport(transport: str) -> None:
     with EppProcess("--endpoints", "127.0.0.1:1", "--secure-serving=false", "--grpc-transport", transport) as epp:
         port = epp.ports["health"]
-        assert check(port, "") == SERVING
-        assert check(port, EXT_PROC) == SERVING
+        assert health(port, "") == SERVING
+        assert health(port, EXT_PROC) == SERVING
         grpc_threads = {name for name in thread_names(epp.pid) if name.startswith(("grpc", "event_engine"))}
         if transport == "asyncio":
             assert not grpc_threads, grpc_threads
