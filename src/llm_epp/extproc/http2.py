@@ -28,6 +28,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import cast
 from urllib.parse import quote
 
 import grpc
@@ -299,6 +300,11 @@ class Http2Connection(asyncio.Protocol):
         self._settings_seen = False
         self._decoder = Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_BLOCK
+        self._table = self._decoder.header_table
+        # The last header block decoded, with the state of HPACK's dynamic table it was decoded in (newest
+        # entry, entry count, size) and what it decoded to. A gateway sends the same block for each of its
+        # RPCs; in the same state, the same bytes decode to the same headers and leave the table as it was.
+        self._last_block: tuple[bytes, object, int, int, list[tuple[bytes, bytes]]] | None = None
         self._block: bytearray | None = None  # a header block waiting for CONTINUATION frames
         self._block_stream = 0
         self._block_end_stream = False
@@ -547,10 +553,7 @@ class Http2Connection(asyncio.Protocol):
             self._header_block(stream_id, bytes(block), self._block_end_stream)
 
     def _header_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except HPACKError as e:
-            raise _ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
+        headers = self._decode(block)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client: only their END_STREAM matters
             if not end_stream:
@@ -594,6 +597,24 @@ class Http2Connection(asyncio.Protocol):
             self._end(stream)
             return
         stream.task = self._loop.create_task(self._run(stream, handler))
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        table = self._table
+        entries = table.dynamic_entries
+        newest = entries[0] if entries else None
+        count, size = len(entries), table.maxsize
+        last = self._last_block
+        if last is not None and last[1] is newest and last[2] == count and last[3] == size and last[0] == block:
+            return last[4]
+        try:
+            headers = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
+        except HPACKError as e:
+            raise _ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
+        # Kept with the table's state before it (the entry held here keeps its identity unique). A block that
+        # changed that state leaves a state it does not match until another block has replaced it here: an
+        # insertion puts a new object first, a size update changes the size, an eviction the count.
+        self._last_block = (block, newest, count, size, headers)
+        return headers
 
     async def _run(self, stream: Stream, handler: Handler) -> None:
         try:

@@ -366,6 +366,61 @@ async def test_a_client_sending_one_byte_at_a_time_is_understood() -> None:
         await client.close()
 
 
+def _literal(first: int, value: bytes) -> bytes:
+    """An HPACK literal field: `first` says its kind and names its static name; the value without Huffman."""
+    return bytes([first, len(value)]) + value
+
+
+async def test_a_repeated_header_block_means_what_the_current_table_says() -> None:
+    """The same bytes of a header block decode against HPACK's dynamic table as it is now: a block naming
+    dynamic entry 62 as its :path reaches the method that entry holds at the time, and after a size update
+    that empties the table the same bytes are an error (the server remembers the last block it decoded)."""
+    process = Echo()
+    content_type = b"\x00\x0ccontent-type\x10application/grpc"  # a literal, new name, not indexed
+    post_http = b"\x83\x86"  # :method POST, :scheme http (static entries 3 and 6)
+
+    def inserting(path: str) -> bytes:  # :path (static name 4) as a new dynamic entry, 62
+        return post_http + _literal(0x44, path.encode()) + content_type
+
+    same = post_http + b"\xbe" + content_type  # :path from dynamic entry 62; the table is left as it was
+    async with serving(process) as server:
+        client = await RawClient.open(server.port)
+        client.send(http2.HEADERS, http2.END_HEADERS, 1, inserting(PROCESS))
+        assert await client.echoed(1, 0, grpc_message(b"one")) == grpc_message(b"one")
+        for stream_id in (3, 5):
+            client.send(http2.HEADERS, http2.END_HEADERS, stream_id, same)
+            assert await client.echoed(stream_id, 0, grpc_message(b"again")) == grpc_message(b"again")
+
+        client.send(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 7, inserting("/no.Such/Method"))
+        client.send(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 9, same)
+        for stream_id in (7, 9):
+            _, block = await client.until(http2.HEADERS, stream_id)
+            assert b"Method not found: /no.Such/Method" in block
+
+        client.send(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 11, b"\x20" + same)  # table size 0
+        assert await client.goaway_code() == http2.COMPRESSION_ERROR
+        await client.close()
+    assert process.seen == [b"one", b"again", b"again"]
+
+
+async def test_table_size_updates_take_effect_each_time_a_block_carries_one() -> None:
+    """Table size updates take effect each time a block carries one: after the size was set back, the same
+    block shrinks the table again, so an entry too large for the small table is not kept and a reference to
+    it is an error, as the client's encoder expects."""
+    process = Echo()
+    fields = b"\x83\x86" + _literal(0x04, PROCESS.encode()) + b"\x00\x0ccontent-type\x10application/grpc"
+    small, default = b"\x3f\x45", b"\x3f\xe1\x1f"  # size updates to 100 and to 4,096 bytes
+    big = b"\x40\x05x-big" + _literal(100, b"v" * 100)[1:]  # inserted: 137 bytes, more than 100
+    async with serving(process) as server:
+        client = await RawClient.open(server.port)
+        for stream_id, block in ((1, small + fields), (3, default + fields), (5, small + fields), (7, fields + big)):
+            client.send(http2.HEADERS, http2.END_HEADERS, stream_id, block)
+            assert await client.echoed(stream_id, 0, grpc_message(b"m")) == grpc_message(b"m")
+        client.send(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 9, fields + b"\xbe")  # entry 62
+        assert await client.goaway_code() == http2.COMPRESSION_ERROR
+        await client.close()
+
+
 async def test_padded_frames_are_read_without_their_padding() -> None:
     async with serving(Echo()) as server:
         client = await RawClient.open(server.port)
