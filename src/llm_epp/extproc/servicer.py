@@ -200,7 +200,8 @@ class ExtProcServicer:
                 else:
                     req = await ctx.read()
             except HeldBytesExceeded as e:  # the transport could not gather the next message within the bound
-                log.info("request_refused request_id=%s: %s", st.request_id, e)
+                if log.isEnabledFor(VERBOSE):
+                    log.log(VERBOSE, "request_rejected request_id=%s: %s", st.request_id, e)
                 await _write_last(write, self._reject(st, self._overloaded(), ((h.RETRY_AFTER, RETRY_AFTER_S),)))
                 return
             if req is _EVICTED:
