@@ -331,10 +331,11 @@ def ext_proc_server(
     health: HealthState | None,
     stream_metrics: StreamMetrics | None = None,
     *,
-    held: HeldBytes,
+    max_held: int,
 ) -> ExtProcServer:
     """The event loop's server of the ext_proc port (and of gRPC health on it with `health`), not yet bound.
-    Messages it gathers count in `held`, the servicer's count of held request bytes."""
+    What has arrived and is not read yet is bounded by `max_held` (`--max-held-request-bytes`, this process's
+    share), apart from the request bodies the servicer keeps."""
     return ExtProcServer(
         process,
         ProcessingRequest.FromString,
@@ -343,7 +344,7 @@ def ext_proc_server(
         health=health,
         stream_metrics=stream_metrics,
         ssl_context=_ssl_context(opts),
-        held=held,
+        held=HeldBytes(max_held),
     )
 
 
@@ -544,7 +545,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             c.servicer.process,
             c.health if opts.health_checking else None,
             stream_metrics,
-            held=c.servicer.held,
+            max_held=opts.max_held_request_bytes,
         )
         try:
             port = loop_server.bind(opts.bind_address, opts.grpc_port)

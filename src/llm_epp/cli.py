@@ -267,7 +267,7 @@ def _serve_parser(p: _Parser) -> None:
         type=_size,
         default=256 << 20,
         help="request body bytes the EPP holds across all requests at once; over it a request gets 503 with "
-        "Retry-After (default 256Mi). On the asyncio transport, messages being received count in it too",
+        "Retry-After (default 256Mi). On the asyncio transport, ext_proc data received and not yet read counts too",
     )
     serving.add_argument("--ports-file", default="", help="write the bound ports as JSON here once serving")
     src = p.add_argument_group("configuration")

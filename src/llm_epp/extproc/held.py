@@ -1,9 +1,10 @@
-"""Request bytes one process holds for its ext_proc streams, against `--max-held-request-bytes`.
+"""Request bytes a process holds for its ext_proc streams, counted against `--max-held-request-bytes`.
 
-Two holders draw on one count: the servicer, for the request bodies it keeps until they are complete, and
-the asyncio transport (`llm_epp.extproc.http2`), for a message that spans several frames while it is
-gathered. Whatever clients send, however many streams and connections they open, what is held this way
-stays under the limit; a request that would pass it is answered 503 with Retry-After.
+Two counts of this kind, each against that limit: the servicer's, for the request bodies it keeps until
+they are complete, and the asyncio transport's (`llm_epp.extproc.http2`), for the data that has arrived and
+is not read yet and the messages being gathered. Whatever clients send, however many streams and
+connections they open, each stays under the limit; a request that would pass either is answered 503 with
+Retry-After.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ class HeldBytes:
         self.limit = limit
         self.used = 0
 
-    def take(self, n: int, slack: int = 0) -> bool:
-        """Counts `n` more bytes held; False (and nothing counted) when they would pass the limit by more than
-        `slack`."""
-        if self.used + n > self.limit + slack:
+    def take(self, n: int) -> bool:
+        """Counts `n` more bytes held; False (and nothing counted) when they would pass the limit."""
+        if self.used + n > self.limit:
             return False
         self.used += n
         return True

@@ -13,10 +13,12 @@ Bounds a client cannot lift:
   REFUSED_STREAM); until the client acknowledges the setting, `UNACKED_STREAMS_FACTOR` times as many, since
   a gateway may open a burst of streams before the setting reaches it;
 - a message's size checked from its length prefix before it is read;
-- a message that spans frames is gathered within the process's count of held request bytes (`held`): past
-  it the read raises `HeldBytesExceeded`, and a handler that does not catch it ends with RESOURCE_EXHAUSTED;
 - received data acknowledged only as handlers consume it, so a connection buffers at most its flow-control
-  window (`CONNECTION_WINDOW`).
+  window (`CONNECTION_WINDOW`);
+- across all connections, what has arrived and is not read yet, and the messages being gathered, count in
+  `held` from the moment they arrive. Past its limit, a stream's data is dropped and its reads raise
+  `HeldBytesExceeded` (a handler that does not catch it ends with RESOURCE_EXHAUSTED). The number of
+  connections therefore does not multiply what the windows let a client park.
 
 Answers leave in one write per loop pass and connection (`_flush`), or sooner past `FLUSH_AT` bytes; while
 the peer does not read them, the connection does not read the peer.
@@ -61,9 +63,6 @@ STREAM_WINDOW = 1 << 20  # what one stream may send ahead of its handler
 CONNECTION_WINDOW = 16 << 20  # what one connection may send ahead of its handlers
 MAX_CONCURRENT_STREAMS = 1024  # per connection; a gateway needing more opens another connection
 UNACKED_STREAMS_FACTOR = 4  # the limit is that many times higher until the client has acknowledged it
-# A message being gathered may pass the held-bytes limit by this much: the limit is stated in request body
-# bytes, and each message wraps its body bytes in a few bytes of protobuf.
-GATHER_SLACK = 64 << 10
 MAX_WINDOW = (1 << 31) - 1
 MAX_STATUS_MESSAGE = 1024  # characters of grpc-message
 FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more is written at once
@@ -128,6 +127,8 @@ class Stream:
         "_buffered",
         "_chunks",
         "_conn",
+        "_held",
+        "_refused",
         "_unacked",
         "_waiter",
         "ended",
@@ -143,8 +144,10 @@ class Stream:
         self.id = stream_id
         self.path = path
         self._conn = conn
+        self._held = conn.held
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._refused = False  # its data passed the held bytes: dropped, and its reads raise
         self._waiter: asyncio.Future[None] | None = None
         self._unacked = 0  # consumed by the handler, not yet returned to the peer's window
         self.remote_ended = False
@@ -165,9 +168,19 @@ class Stream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _refuse(self) -> None:
+        """Drops what the stream holds and ends its reads (`HeldBytesExceeded`)."""
+        self._refused = True
+        self._conn.release(self)
+        self._wake()
+
     async def _more(self) -> bool:
         """Waits for data or the end of the client's side; False at the end with nothing buffered."""
         while not self._buffered:
+            if self._refused:
+                raise HeldBytesExceeded(
+                    "the endpoint picker holds too many request bytes right now (--max-held-request-bytes): retry later"
+                )
             if self.remote_ended:
                 return False
             self._waiter = asyncio.get_running_loop().create_future()
@@ -177,16 +190,20 @@ class Stream:
                 self._waiter = None
         return True
 
-    def _take(self, n: int) -> bytes:
-        """Up to `n` buffered bytes, returned to the peer's window."""
+    def _take(self, n: int, keep_held: bool = False) -> bytes:
+        """Up to `n` buffered bytes, returned to the peer's window (and, unless `keep_held`, to the held
+        bytes)."""
         head = self._chunks[0]
         if len(head) <= n:
             self._chunks.popleft()
             taken = head
         else:
             taken, self._chunks[0] = head[:n], head[n:]
-        self._buffered -= len(taken)
-        self._consumed(len(taken))
+        size = len(taken)
+        self._buffered -= size
+        if not keep_held:
+            self._held.used -= size  # HeldBytes.give, inline: this runs for every message
+        self._consumed(size)
         return taken
 
     def _consumed(self, n: int) -> None:
@@ -201,21 +218,14 @@ class Stream:
         first."""
         if self._buffered >= n and len(self._chunks[0]) >= n:
             return self._take(n)
-        held = self._conn.held
-        parts = bytearray()
+        parts = bytearray()  # counted in the held bytes, as it was on arrival
         try:
             while len(parts) < n:
                 if not await self._more():
                     return None
-                k = min(n - len(parts), len(self._chunks[0]))
-                if not held.take(k, GATHER_SLACK):
-                    raise HeldBytesExceeded(
-                        f"a message of {n} bytes would take the request bytes held past {held.limit} "
-                        "(--max-held-request-bytes)"
-                    )
-                parts += self._take(k)
+                parts += self._take(n - len(parts), keep_held=True)
         finally:
-            held.give(len(parts))
+            self._held.give(len(parts))
         return bytes(parts)
 
     async def read(self, max_size: int) -> bytes | None:
@@ -289,7 +299,7 @@ class Http2Connection(asyncio.Protocol):
         self._route = route
         self._refusing = refusing
         self._on_close = on_close
-        self.held = held  # request bytes the process holds: messages being gathered count there too
+        self.held = held  # what has arrived on all connections and is not read yet, and messages being gathered
         self._max_streams = max_streams
         self._stream_limit = max_streams * UNACKED_STREAMS_FACTOR
         self._loop = asyncio.get_running_loop()
@@ -389,6 +399,9 @@ class Http2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         for stream in list(self.streams.values()):
+            self.held.give(stream._buffered)
+            stream._buffered = 0
+            stream._chunks.clear()
             stream.ended = stream.remote_ended = True
             stream._wake()
             if stream.task is not None:
@@ -416,7 +429,7 @@ class Http2Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR, "a malformed RST_STREAM")
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
-                self._credit(stream)
+                self.release(stream)
                 stream.ended = stream.remote_ended = True
                 stream._wake()
                 if stream.task is not None:
@@ -522,6 +535,13 @@ class Http2Connection(asyncio.Protocol):
             self.consumed(len(data))
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
+        held = self.held
+        if stream._refused or held.used + len(data) > held.limit:
+            self.consumed(len(data))  # dropped: the connection's window gets it back
+            if not stream._refused:
+                stream._refuse()
+            return
+        held.used += len(data)  # HeldBytes.take, inline: this runs for every frame
         stream._received(data)
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -648,7 +668,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _close(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is not None:
-            self._credit(stream)
+            self.release(stream)
         if self._goaway and not self.streams and self.transport is not None:
             self._flush()
             self.transport.close()
@@ -661,10 +681,12 @@ class Http2Connection(asyncio.Protocol):
             stream.task.cancel()
         self._close(stream)
 
-    def _credit(self, stream: Stream) -> None:
-        """What a closed stream left unread still counts on the connection's window: return it."""
+    def release(self, stream: Stream) -> None:
+        """Drops what `stream` has buffered (a closed stream left it unread, or it was refused): back to the
+        connection's window and to the held bytes."""
         if stream._buffered:
             self.consumed(stream._buffered)
+            self.held.give(stream._buffered)
             stream._buffered = 0
             stream._chunks.clear()
 

@@ -20,9 +20,9 @@ step, before start), `start()` and `stop(grace)`. It serves:
 `stop(grace)` refuses new streams at once (UNAVAILABLE) and closes the listener, gives the streams in
 flight up to `grace` seconds, then cancels what is left and drops the connections; `stop(None)` cancels at
 once. What a client can make the server hold is bounded per connection (`max_streams` streams and the
-flow-control windows) and across connections (messages being gathered count in `held`, the servicer's count
-of held request bytes); the number of connections is not, so the port needs TLS (`--secure-serving`) or a
-network boundary.
+flow-control windows) and across connections: received data not yet read, and messages being gathered,
+count in `held` (`--max-held-request-bytes`). Streams and connections still cost a little memory each, so
+the port needs TLS (`--secure-serving`) or a network boundary.
 """
 
 from __future__ import annotations
@@ -186,7 +186,11 @@ class ExtProcServer:
     # --- connections ------------------------------------------------------------------------------------
     def _connection(self) -> Http2Connection:
         conn = Http2Connection(
-            self._routes.get, self._is_refusing, self._connections.discard, self.held, self._max_streams
+            self._routes.get,
+            self._is_refusing,
+            self._connections.discard,
+            self.held,
+            self._max_streams,
         )
         self._connections.add(conn)
         return conn

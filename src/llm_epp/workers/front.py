@@ -84,7 +84,9 @@ async def _serve(spec: FrontSpec) -> None:
     server: Any
     try:
         if o.ext_proc_transport() == "asyncio":
-            server = ext_proc_server(o, servicer.process, health if o.health_checking else None, held=servicer.held)
+            server = ext_proc_server(
+                o, servicer.process, health if o.health_checking else None, max_held=spec.max_held_request_bytes
+            )
             port = server.bind(o.bind_address, spec.port)
         else:
             server = grpc.aio.server(options=grpc_server_options(o))

@@ -9,6 +9,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import grpc
@@ -454,13 +455,12 @@ async def test_a_client_that_does_not_read_is_not_read_either() -> None:
 
 async def test_messages_that_span_frames_are_gathered_within_the_held_bytes_across_connections() -> None:
     """Two clients on two connections: while one holds 40,000 bytes of an unfinished 80,000-byte message, a
-    70,000-byte message from the other would take the request bytes held past 40,000 by more than the slack
-    left for protobuf framing (64 KiB): its read raises `HeldBytesExceeded`, which a handler that does not
-    catch it turns into RESOURCE_EXHAUSTED. The first message completes, and once its bytes are let go the
-    second client's message fits. A client resetting a stream mid-message gives its bytes back too."""
-    assert http2.GATHER_SLACK == 65_536
+    70,000-byte message from the other would take the request bytes held past 100,000: its data is dropped
+    and its read raises `HeldBytesExceeded`, which a handler that does not catch it turns into
+    RESOURCE_EXHAUSTED. The first message completes, and once its bytes are let go the second client's
+    message fits. A client resetting a stream mid-message gives its bytes back too."""
     process = Echo()
-    async with serving(process, held=HeldBytes(40_000)) as server:
+    async with serving(process, held=HeldBytes(100_000)) as server:
         first = await H2Client.open(server.port, window=1 << 20)
         first.conn.send_headers(1, GRPC_HEADERS)
         message = bytes(range(256)) * 312 + b"12345678"  # 80,000 bytes
@@ -496,6 +496,43 @@ async def test_messages_that_span_frames_are_gathered_within_the_held_bytes_acro
         await _until(lambda: server.held.used == 0, "a reset stream's bytes to be let go")
         await first.close()
         await second.close()
+
+
+async def test_data_parked_on_streams_that_are_not_read_stays_within_the_held_bytes_across_connections() -> None:
+    """Six streams on two connections, whose handler does not read yet, are each sent a whole 40,000-byte
+    message: 240,000 bytes the windows would let them park (1 MiB per stream, 16 MiB per connection, and
+    connections are not counted). The held bytes keep it to 100,000: the streams whose data no longer fit
+    are refused; once the handler reads, the others are answered, and nothing stays held."""
+    process = Echo()
+    process.hold = asyncio.Event()
+    message = grpc_message(b"p" * 39_995)
+    async with serving(process, held=HeldBytes(100_000)) as server:
+        clients = [await H2Client.open(server.port, window=1 << 20) for _ in range(2)]
+        for client in clients:
+            for stream_id in (1, 3, 5):
+                client.conn.send_headers(stream_id, GRPC_HEADERS)
+                await client.send_all(stream_id, message, end_stream=False)
+        await _until(lambda: len(server._connections) == 2, "both connections")
+        await asyncio.sleep(0.1)  # what was sent has arrived
+        assert server.held.used <= 100_000
+        process.hold.set()
+        answered, refused = 0, 0
+        for client in clients:
+            for stream_id in (1, 3, 5):
+                client.conn.end_stream(stream_id)
+                client.flush()
+            await client.until(partial({1, 3, 5}.issubset, client.ended))
+            for stream_id in (1, 3, 5):
+                if client.trailers[stream_id][b"grpc-status"] == b"0":
+                    assert bytes(client.data[stream_id]) == message
+                    answered += 1
+                else:
+                    assert client.trailers[stream_id][b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+                    refused += 1
+            await client.close()
+        # Two whole messages fit in 100,000 bytes (which two depends on how the frames interleave).
+        assert answered + refused == 6 and 1 <= answered <= 2
+        await _until(lambda: server.held.used == 0, "the held bytes to be let go")
 
 
 async def test_streams_past_the_concurrency_limit_are_refused_until_one_closes() -> None:

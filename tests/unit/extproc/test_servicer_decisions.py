@@ -13,7 +13,8 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from llm_epp.extproc import servicer as servicer_module
-from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
+from llm_epp.extproc.held import HeldBytes
+from llm_epp.extproc.http2_server import ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework import CycleState, Endpoint, InferenceRequest, TypedName
 from llm_epp.framework.requestcontrol import (
@@ -35,6 +36,7 @@ from tests.unit.extproc.fake_envoy import (
     response_headers_msg,
     response_trailers_msg,
 )
+from tests.unit.extproc.test_http2 import GRPC_HEADERS, H2Client, grpc_message
 from tests.unit.extproc.test_servicer import ENDPOINTS, POST, body, removed, set_headers, streamed
 
 PODS = "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8001"
@@ -383,40 +385,46 @@ async def test_held_request_bytes_are_bounded_across_streams_and_released() -> N
     assert h.servicer.held.used == 0
 
 
-async def test_a_message_the_transport_cannot_gather_within_the_held_bytes_gets_503_with_retry_after() -> None:
-    """Over the asyncio transport, a body chunk that spans frames counts in the same held bytes while it is
-    gathered: one that would take them past the bound (and its slack for protobuf framing) is answered like
-    a body the servicer cannot hold, 503 with Retry-After, before it has all arrived; nothing stays held."""
+async def test_a_message_the_transport_cannot_hold_within_the_held_bytes_gets_503_with_retry_after() -> None:
+    """Over the asyncio transport, what has arrived and is not read yet counts against the same bound as the
+    bodies the servicer keeps (`--max-held-request-bytes`), in a count of its own. A body chunk that would
+    pass it is answered like a body the servicer cannot hold, 503 with Retry-After, before it has all arrived
+    (the servicer never sees it whole); nothing stays held, and the next request is routed."""
     h = Harness(PODS, servicer_opts={"max_held_request_bytes": 20_000})
     server = ExtProcServer(
         h.servicer.process,
         pb.ProcessingRequest.FromString,
         max_recv=1 << 20,
         max_send=1 << 20,
-        held=h.servicer.held,
+        held=HeldBytes(20_000),
     )
     server.bind("127.0.0.1", 0)
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            call = channel.stream_stream(PROCESS)()
-            await call.write(headers_msg(POST).SerializeToString())
-            await call.write(body_msg(b"x" * 100_000, False).SerializeToString())
-            answer = pb.ProcessingResponse.FromString(await call.read())
-            ir = answer.immediate_response
-            assert ir.status.code == 503
-            assert {o.header.key for o in ir.headers.set_headers} >= {"retry-after"}
-            assert "--max-held-request-bytes" in json.loads(ir.body)["error"]["message"]
-            assert await call.code() == grpc.StatusCode.OK
-            assert h.servicer.held.used == 0
+        client = await H2Client.open(server.port, window=1 << 20)
+        client.conn.send_headers(1, GRPC_HEADERS)
+        await client.send_all(1, grpc_message(headers_msg(POST).SerializeToString()), end_stream=False)
+        chunk = grpc_message(body_msg(b"x" * 100_000, False).SerializeToString())
+        await client.send_all(1, chunk[:30_000], end_stream=False)  # 30,000 bytes of a 100,000-byte chunk
+        await client.until(lambda: 1 in client.ended)
+        data = bytes(client.data[1])
+        answer = pb.ProcessingResponse.FromString(data[5 : 5 + int.from_bytes(data[1:5], "big")])
+        ir = answer.immediate_response
+        assert ir.status.code == 503
+        assert {o.header.key for o in ir.headers.set_headers} >= {"retry-after"}
+        assert "--max-held-request-bytes" in json.loads(ir.body)["error"]["message"]
+        assert client.trailers[1][b"grpc-status"] == b"0"
+        assert h.servicer.held.used == 0 and server.held.used == 0
 
-            call = channel.stream_stream(PROCESS)()
-            small = body(prompt="y" * 3000)
-            for message in (headers_msg(POST), body_msg(small, True)):
-                await call.write(message.SerializeToString())
-            answer = pb.ProcessingResponse.FromString(await call.read())
-            assert answer.WhichOneof("response") == "request_headers"  # routed
-            await call.done_writing()
+        client.conn.send_headers(3, GRPC_HEADERS)
+        small = body(prompt="y" * 3000)
+        for message in (headers_msg(POST), body_msg(small, True)):
+            await client.send_all(3, grpc_message(message.SerializeToString()), end_stream=False)
+        await client.until(lambda: len(client.data.get(3, b"")) >= 5)
+        data = bytes(client.data[3])
+        answer = pb.ProcessingResponse.FromString(data[5 : 5 + int.from_bytes(data[1:5], "big")])
+        assert answer.WhichOneof("response") == "request_headers"  # routed
+        await client.close()
     finally:
         await server.stop(None)
     assert h.servicer.held.used == 0
