@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -263,12 +264,18 @@ async def test_hundreds_of_streams_share_one_connection() -> None:
         await server.stop(None)
 
 
-async def test_stop_with_grace_lets_streams_finish_and_refuses_new_ones() -> None:
+@asynccontextmanager
+async def _a_held_stream() -> AsyncIterator[tuple[ExtProcServer, Upper, grpc.aio.Channel, Any]]:
+    """A running server, its handler, a channel to it and a stream whose first message the handler holds."""
     process = Upper()
     process.hold = asyncio.Event()
     server = await _serve(process)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        inflight = await _held(channel, process)
+        yield server, process, channel, await _held(channel, process)
+
+
+async def test_stop_with_grace_lets_streams_finish_and_refuses_new_ones() -> None:
+    async with _a_held_stream() as (server, process, channel, inflight):
         stopping = asyncio.ensure_future(server.stop(30))
         await asyncio.sleep(0.2)
         assert not stopping.done()  # waits for the stream in flight
@@ -287,11 +294,7 @@ async def test_stop_with_grace_lets_streams_finish_and_refuses_new_ones() -> Non
 
 
 async def test_stop_without_grace_cancels_streams_in_flight() -> None:
-    process = Upper()
-    process.hold = asyncio.Event()
-    server = await _serve(process)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = await _held(channel, process)
+    async with _a_held_stream() as (server, process, _, call):
         await asyncio.wait_for(server.stop(None), 10)
         assert process.ended == ["cancelled"]
         assert await call.code() != grpc.StatusCode.OK
