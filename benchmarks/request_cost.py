@@ -20,16 +20,21 @@ per block / requests; the report gives min, first quartile and median of the blo
     python -m benchmarks.request_cost --baseline-src /tmp/old/src      # old and new side by side
     python -m benchmarks.request_cost --profile out.pstats             # cProfile of this checkout
     python -m benchmarks.request_cost --cold-cache 16                  # each request with cold CPU caches
+    python -m benchmarks.request_cost --idle-gap 10                    # each request after 10 ms idle
+    python -m benchmarks.request_cost --beside-trivial                 # and the trivial picker's handler
     [--workload small|chat] [--tracing on|off] [--blocks 60] [--block 100] [--warmup 10] [--seed 1]
 
 Behind Envoy a request's Python code runs with cold CPU caches (the gateway, gRPC's threads and the kernel ran
 since the last one), and there it costs about twice what it costs in a tight loop; `--cold-cache` reproduces
-that, so changes that touch less memory show their worth in process.
+that, so changes that touch less memory show their worth in process. At low rates the process is also idle
+between requests; `--idle-gap` sleeps before each one (10 ms: 100 requests/s), which on a virtual machine costs
+the next request more than cold caches alone do.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import gc
 import json
@@ -134,7 +139,7 @@ class _Version:
         finally:
             if src is not None:
                 sys.path.remove(str(src))
-        self.origin = str(Path(sys.modules["llm_epp"].__file__ or "").parent)
+        self.origin = "llm_epp from " + str(Path(sys.modules["llm_epp"].__file__ or "").parent)
         self.modules: dict[str, ModuleType] = {
             k: v for k, v in sys.modules.items() if k == "llm_epp" or k.startswith("llm_epp.")
         }
@@ -152,11 +157,36 @@ class _Version:
         sys.modules.update(self.modules)
 
 
-async def _block(version: _Version, streams: list[list[Any]], eof: object, evict: bytearray | None = None) -> float:
+class _Trivial:
+    """The trivial picker's stream handler (`benchmarks.trivial_picker`) on the same streams: the floor of the
+    Python path, pre-serialised answers and no routing."""
+
+    label = "trivial"
+    origin = "the trivial picker's handler (benchmarks/trivial_picker.py)"
+
+    def __init__(self, eof: object) -> None:
+        from benchmarks.trivial_picker import handler
+
+        self.process: Callable[[Any, Any], Any] = handler(list(ENDPOINTS), eof)
+        self.flush: Callable[[], Any] = lambda: None
+        self.blocks: list[float] = []
+
+    def activate(self) -> None:
+        pass
+
+
+async def _block(
+    version: _Version | _Trivial,
+    streams: list[list[Any]],
+    eof: object,
+    evict: bytearray | None = None,
+    gap: float = 0.0,
+) -> float:
     """CPU seconds per request of one block. With `evict`, every request starts with cold CPU caches: the
-    buffer is written through before it (untimed; each request is timed on its own)."""
+    buffer is written through before it. With `gap`, the loop sleeps that long before each request, as between
+    two requests of a quiet gateway. Both are untimed; each request is then timed on its own."""
     process = version.process
-    if evict is None:
+    if evict is None and not gap:
         t0 = time.process_time()
         for messages in streams:
             stream = _Stream(messages, eof)
@@ -166,11 +196,14 @@ async def _block(version: _Version, streams: list[list[Any]], eof: object, evict
         version.flush()
         return (time.process_time() - t0) / len(streams)
     clock = time.thread_time
-    line = b"\x01" * (len(evict) // 64)
+    line = b"\x01" * (len(evict) // 64) if evict is not None else b""
     spent = 0.0
     for messages in streams:
         stream = _Stream(messages, eof)
-        evict[::64] = line  # one byte in every 64-byte cache line
+        if gap:
+            await asyncio.sleep(gap)
+        if evict is not None:
+            evict[::64] = line  # one byte in every 64-byte cache line
         t0 = clock()
         await process(None, stream)
         spent += clock() - t0
@@ -194,10 +227,12 @@ async def run(args: argparse.Namespace) -> list[str]:
     bodies = _bodies(args.workload, total, args.seed)
     streams = [_messages(i, path, body) for i, (path, body) in enumerate(bodies)]
     tracing = args.tracing == "on"
-    versions: list[_Version] = []
+    versions: list[_Version | _Trivial] = []
     if args.baseline_src:
         versions.append(_Version("old", Path(args.baseline_src), tracing))
     versions.append(_Version("new", None, tracing))
+    if args.beside_trivial:
+        versions.append(_Trivial(eof))
     evict = bytearray(args.cold_cache << 20) if args.cold_cache else None
     gc.collect()
     gc.freeze()
@@ -209,7 +244,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             v.activate()
             if profiler is not None and b >= args.warmup:
                 profiler.enable()
-            per_request = await _block(v, chunk, eof, evict)
+            per_request = await _block(v, chunk, eof, evict, args.idle_gap / 1000.0)
             if profiler is not None:
                 profiler.disable()
             if b >= args.warmup:
@@ -219,22 +254,26 @@ async def run(args: argparse.Namespace) -> list[str]:
     out = [
         f"workload {args.workload}, tracing {args.tracing}, "
         + (f"cold caches ({args.cold_cache} MiB written before each request), " if args.cold_cache else "")
+        + (f"{args.idle_gap:g} ms idle before each request, " if args.idle_gap else "")
         + f"{args.blocks} blocks of {args.block} requests "
         f"(after {args.warmup} warm-up blocks); load average {os.getloadavg()[0]:.1f} at the end",
         "",
         "| version | min us | q1 us | median us |",
         "|---|---:|---:|---:|",
     ]
-    out[1:1] = [f"{v.label}: llm_epp from {v.origin}" for v in versions]
+    out[1:1] = [f"{v.label}: {v.origin}" for v in versions]
     for v in versions:
         lo, q1, med = _stats(v.blocks)
         out.append(f"| {v.label} | {lo * 1e6:.1f} | {q1 * 1e6:.1f} | {med * 1e6:.1f} |")
-    if len(versions) == 2:
-        old, new = (_stats(v.blocks) for v in versions)
-        out += [
-            "",
-            "new / old: " + ", ".join(f"{n / o:.3f}" for n, o in zip(new, old, strict=True)) + " (min, q1, median)",
-        ]
+    stats = {v.label: _stats(v.blocks) for v in versions}
+    for base in ("old", "trivial"):
+        if base in stats:
+            out += [
+                "",
+                f"new / {base}: "
+                + ", ".join(f"{n / o:.3f}" for n, o in zip(stats["new"], stats[base], strict=True))
+                + " (min, q1, median)",
+            ]
     return out
 
 
@@ -243,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=("small", "chat"), default="small")
     p.add_argument("--tracing", choices=("on", "off"), default="on", help="--tracing of llm-epp (default on)")
     p.add_argument("--baseline-src", help="a `src` directory of another version to run beside this one")
+    p.add_argument(
+        "--beside-trivial",
+        action="store_true",
+        help="also run the trivial picker's stream handler on the same streams, in the same alternating blocks",
+    )
     p.add_argument("--profile", help="write a cProfile of the timed blocks here")
     p.add_argument("--blocks", type=int, default=60, help="timed blocks per version (default 60)")
     p.add_argument("--block", type=int, default=100, help="requests per block (default 100)")
@@ -256,9 +300,19 @@ def main(argv: list[str] | None = None) -> int:
         help="write MIB MiB of memory before each request so that it starts with cold CPU caches, as behind "
         "Envoy, where the gateway, gRPC and the kernel run between two requests (default 0: warm caches)",
     )
+    p.add_argument(
+        "--idle-gap",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="sleep MS milliseconds before each request (untimed), as between two requests at 1000/MS requests "
+        "per second; the request then runs after the process was idle (default 0: back to back)",
+    )
     args = p.parse_args(argv)
     if args.cold_cache < 0:
         p.error("--cold-cache: give a size in MiB, 0 or more")
+    if args.idle_gap < 0:
+        p.error("--idle-gap: give a time in milliseconds, 0 or more")
     os.environ.setdefault("OTEL_TRACES_EXPORTER", "console")
     import uvloop
 

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import itertools
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,9 @@ def answers(endpoints: list[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     return routes, metadata
 
 
-def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: str = "grpcio") -> None:
-    import grpc
-    import uvloop
+def handler(endpoints: list[str], eof: object) -> Callable[[Any, Any], Awaitable[None]]:
+    """The picker's stream handler: a ``context.read()/write()`` loop (``eof`` is what ``read()`` returns at the
+    end of the stream), endpoints in turn, answers pre-serialised."""
     from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -59,7 +60,6 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: s
     rsp_headers = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
     rsp_trailers = pb.ProcessingResponse(response_trailers=pb.TrailersResponse()).SerializeToString()
     req_trailers = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
-    eof = grpc.aio.EOF
 
     def route(dest: str, length: int | None) -> bytes:
         if length is None:
@@ -104,6 +104,16 @@ def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: s
             elif kind == "response_trailers":
                 await write(rsp_trailers)
                 return
+
+    return process
+
+
+def serve(endpoints: list[str], port: int, ports_file: Path | None, transport: str = "grpcio") -> None:
+    import grpc
+    import uvloop
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    process = handler(endpoints, grpc.aio.EOF)
 
     async def main_asyncio() -> None:
         from llm_epp.extproc.http2_server import ExtProcServer

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +45,46 @@ def test_request_cost_with_cold_caches_reports_per_request_cpu() -> None:
     assert len(rows) == 1 and float(rows[0].split("|")[2]) > 0
     refused = request_cost("--cold-cache", "-1", timeout=60)
     assert refused.returncode == 2 and "--cold-cache: give a size in MiB" in refused.stderr
+
+
+def test_request_cost_beside_the_trivial_picker_after_idle_gaps() -> None:
+    args = ("--blocks", "2", "--block", "5", "--warmup", "1", "--idle-gap", "1", "--beside-trivial", "--tracing", "off")
+    out = request_cost(*args)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = out.stderr
+    assert "1 ms idle before each request" in report
+    assert "trivial: the trivial picker's handler (benchmarks/trivial_picker.py)" in report
+    rows = [r for r in report.splitlines() if re.match(r"^\| (new|trivial) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", r)]
+    assert [r.split("|")[1].strip() for r in rows] == ["new", "trivial"]
+    assert re.search(r"new / trivial: [\d.]+, [\d.]+, [\d.]+ \(min, q1, median\)", report)
+    refused = request_cost("--idle-gap", "-1", timeout=60)
+    assert refused.returncode == 2 and "--idle-gap: give a time in milliseconds" in refused.stderr
+
+
+def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
+    from benchmarks import request_cost as rc
+
+    events: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        events.append(f"sleep {seconds}")
+
+    class Version:
+        label, blocks = "v", []
+
+        @staticmethod
+        async def process(_requests: Any, stream: Any) -> None:
+            while (await stream.read()) is not None:
+                pass
+            events.append("request")
+            await stream.write(b"a")
+            await stream.write(b"b")
+
+        @staticmethod
+        def flush() -> None:
+            pass
+
+    monkeypatch.setattr(rc.asyncio, "sleep", sleep)
+    per_request = asyncio.run(rc._block(Version(), [["m1"], ["m2"], ["m3"]], None, None, 0.004))  # type: ignore[arg-type]
+    assert events == ["sleep 0.004", "request"] * 3
+    assert per_request >= 0
