@@ -26,7 +26,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.held import HeldBytes
-from llm_epp.extproc.http2_server import ExtProcServer
+from llm_epp.extproc.http2_server import DEFAULT_MAX_CONNECTIONS, ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -345,7 +345,12 @@ def ext_proc_server(
         stream_metrics=stream_metrics,
         ssl_context=_ssl_context(opts),
         held=HeldBytes(max_held),
+        max_connections=_max_connections(opts),
     )
+
+
+def _max_connections(opts: Options) -> int:
+    return DEFAULT_MAX_CONNECTIONS if opts.grpc_max_connections is None else opts.grpc_max_connections
 
 
 async def _start_health_server(opts: Options, transport: str, health: HealthState) -> tuple[Any, int]:
@@ -353,7 +358,7 @@ async def _start_health_server(opts: Options, transport: str, health: HealthStat
     the process needs no grpcio server, and no grpcio threads, unless the direct-routing API is on."""
     if transport != "asyncio":
         return await start_health_server(opts.bind_address, opts.grpc_health_port, health)
-    server = ExtProcServer(None, bytes, max_recv=0, max_send=0, health=health)
+    server = ExtProcServer(None, bytes, max_recv=0, max_send=0, health=health, max_connections=_max_connections(opts))
     port = server.bind(opts.bind_address, opts.grpc_health_port)
     await server.start()
     return server, port

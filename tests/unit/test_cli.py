@@ -39,6 +39,8 @@ def test_reference_defaults() -> None:
         (["--metrics-staleness-threshold=1m"], "metrics_staleness_threshold", 60.0),
         (["--max-request-body-bytes", "4Mi"], "max_request_body_bytes", 4 << 20),
         (["--max-held-request-bytes", "1Gi"], "max_held_request_bytes", 1 << 30),
+        (["--grpc-max-connections", "64"], "grpc_max_connections", 64),
+        (["--grpc-max-connections=0"], "grpc_max_connections", 0),
         (["--emit-endpoint-scores"], "emit_endpoint_scores", True),
         (["--emit-endpoint-scores=false"], "emit_endpoint_scores", False),
         (["--metrics-name-filter=false"], "metrics_name_filter", False),
@@ -54,6 +56,8 @@ def test_reference_defaults() -> None:
         "duration-m",
         "size-mi",
         "held-gi",
+        "connections",
+        "connections-unlimited",
         "scores",
         "scores-false",
         "name-filter-off",
@@ -80,6 +84,11 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         (["--endpoints", "a:1", "--endpoint-target-ports", "8000"], "only used with --endpoint-selector"),
         (["--endpoints", "a:1", "--ha-enable-leader-election"], "needs --pool-name"),
         (["--endpoints", "a:1", "--max-held-request-bytes", "0"], "--max-held-request-bytes must be positive"),
+        (["--endpoints", "a:1", "--grpc-max-connections", "-1"], "--grpc-max-connections must be 0 (no limit)"),
+        (
+            ["--endpoints", "a:1", "--grpc-max-connections", "8", "--grpc-transport", "grpcio"],
+            "--grpc-max-connections is enforced by the asyncio transport only",
+        ),
     ],
     ids=[
         "no-source",
@@ -93,6 +102,8 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         "ports-without-selector",
         "ha-without-pool",
         "held-zero",
+        "connections-negative",
+        "connections-on-grpcio",
     ],
 )
 def test_wrong_combinations_are_explained(argv: list[str], fragment: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -38,6 +39,7 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from llm_epp.extproc.held import HeldBytes, HeldBytesExceeded
+from llm_epp.observability.logging import VERBOSE
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,21 @@ UNACKED_STREAMS_FACTOR = 4  # the limit is that many times higher until the clie
 MAX_WINDOW = (1 << 31) - 1
 MAX_STATUS_MESSAGE = 1024  # characters of grpc-message
 FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more is written at once
+PREFACE_TIMEOUT_S = 20.0  # a connection that has not sent the client preface by then is closed
+ERROR_LOG_INTERVAL_S = 10.0  # connection errors: one INFO line per interval, the others at VERBOSE
+
+_last_error_log = [-ERROR_LOG_INTERVAL_S]  # monotonic time of the last connection error logged at INFO
+
+
+def log_connection_error(what: str, detail: str) -> None:
+    """One INFO line per ERROR_LOG_INTERVAL_S, the rest at VERBOSE: any client that can connect can cause
+    these, and must not be able to flood the log with them."""
+    now = time.monotonic()
+    level = logging.INFO if now - _last_error_log[0] >= ERROR_LOG_INTERVAL_S else VERBOSE
+    if level == logging.INFO:
+        _last_error_log[0] = now
+    if log.isEnabledFor(level):
+        log.log(level, "%s %s", what, detail)
 
 
 class RpcError(Exception):
@@ -85,6 +102,12 @@ class _ConnectionError(Exception):
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
+
+
+def goodbye(code: int, why: str) -> bytes:
+    """What a server sends a connection it will not serve: its (empty) SETTINGS, which must come first, then
+    GOAWAY with no stream accepted."""
+    return _frame(SETTINGS, 0, 0) + _frame(GOAWAY, 0, 0, bytes(4) + code.to_bytes(4, "big") + why.encode())
 
 
 def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
@@ -307,6 +330,7 @@ class Http2Connection(asyncio.Protocol):
         self._buf = bytearray()  # the start of a frame (or of the preface) that has not fully arrived
         self._need = 0  # how long `_buf` must grow before a frame (or the preface) can be read from it
         self._preface = False
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._settings_seen = False
         self._decoder = Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_BLOCK
@@ -345,6 +369,12 @@ class Http2Connection(asyncio.Protocol):
         )
         self._send(_frame(SETTINGS, 0, 0, settings))
         self._send(_frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - 65_535).to_bytes(4, "big")))
+        self._preface_timer = self._loop.call_later(PREFACE_TIMEOUT_S, self._preface_late)
+
+    def _preface_late(self) -> None:
+        self._preface_timer = None
+        if not self._preface:
+            self._fail(PROTOCOL_ERROR, f"no HTTP/2 client preface within {PREFACE_TIMEOUT_S:g} s")
 
     def data_received(self, data: bytes) -> None:
         if self._buf:  # joined only once the frame can be read: a frame sent in pieces is copied once
@@ -365,6 +395,9 @@ class Http2Connection(asyncio.Protocol):
                     raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
                 data = data[len(PREFACE) :]
                 self._preface = True
+                if self._preface_timer is not None:
+                    self._preface_timer.cancel()
+                    self._preface_timer = None
             pos, end = 0, len(data)
             while end - pos >= 9:
                 length = int.from_bytes(data[pos : pos + 3], "big")
@@ -398,6 +431,9 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
+            self._preface_timer = None
         for stream in list(self.streams.values()):
             self.held.give(stream._buffered)
             stream._buffered = 0
@@ -757,7 +793,7 @@ class Http2Connection(asyncio.Protocol):
         transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _fail(self, code: int, why: str) -> None:
-        log.info("http2_connection_error code=%d reason=%s", code, why)
+        log_connection_error("http2_connection_error", f"code={code} reason={why}")
         self._send(_frame(GOAWAY, 0, 0, self._last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + why.encode()))
         self._flush()
         if self.transport is not None:

@@ -21,8 +21,10 @@ step, before start), `start()` and `stop(grace)`. It serves:
 flight up to `grace` seconds, then cancels what is left and drops the connections; `stop(None)` cancels at
 once. What a client can make the server hold is bounded per connection (`max_streams` streams and the
 flow-control windows) and across connections: received data not yet read, and messages being gathered,
-count in `held` (`--max-held-request-bytes`). Streams and connections still cost a little memory each, so
-the port needs TLS (`--secure-serving`) or a network boundary.
+count in `held` (`--max-held-request-bytes`). The connections themselves are at most `max_connections`
+(`--grpc-max-connections`): one past it is sent GOAWAY (ENHANCE_YOUR_CALM) and closed; and a connection
+that has not sent the HTTP/2 client preface within 20 s is closed. A client that can connect can still
+take those connections from the gateways, so the port needs TLS (`--secure-serving`) or a network boundary.
 """
 
 from __future__ import annotations
@@ -33,13 +35,22 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from llm_epp.extproc.held import DEFAULT_MAX_HELD_BYTES, HeldBytes
-from llm_epp.extproc.http2 import MAX_CONCURRENT_STREAMS, Handler, Http2Connection, RpcError, Stream
+from llm_epp.extproc.http2 import (
+    ENHANCE_YOUR_CALM,
+    MAX_CONCURRENT_STREAMS,
+    Handler,
+    Http2Connection,
+    RpcError,
+    Stream,
+    goodbye,
+    log_connection_error,
+)
 from llm_epp.observability.health import (
     SERVICE as HEALTH_SERVICE,
 )
@@ -58,8 +69,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+DEFAULT_MAX_CONNECTIONS = 4096  # --grpc-max-connections
 _EOF = grpc.aio.EOF
 _HEALTH_REQUEST_MAX = 1 << 16
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the server's limit: sent SETTINGS, then GOAWAY with ENHANCE_YOUR_CALM and no stream
+    accepted, and closed. What it sends meanwhile is discarded, for at most `LINGER_S`: a socket closed with
+    unread input is reset, and the reset can destroy the GOAWAY before the client reads it."""
+
+    LINGER_S = 1.0
+    _GOODBYE = goodbye(ENHANCE_YOUR_CALM, "too many connections")
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # uvloop's transports do not subclass asyncio's
+        transport.write(self._GOODBYE)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(self.LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class _Context:
@@ -104,6 +145,7 @@ class ExtProcServer:
         ssl_context: ssl.SSLContext | None = None,
         held: HeldBytes | None = None,
         max_streams: int = MAX_CONCURRENT_STREAMS,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self._process = process
         self._decode = decode
@@ -114,6 +156,8 @@ class ExtProcServer:
         self._ssl = ssl_context
         self.held = held if held is not None else HeldBytes(DEFAULT_MAX_HELD_BYTES)
         self._max_streams = max_streams
+        self.max_connections = max_connections  # 0: no limit
+        self.refused_connections = 0
         self._sock: socket.socket | None = None
         self._listener: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
@@ -184,7 +228,15 @@ class ExtProcServer:
         self._listener = None
 
     # --- connections ------------------------------------------------------------------------------------
-    def _connection(self) -> Http2Connection:
+    def _connection(self) -> asyncio.Protocol:
+        if self.max_connections and len(self._connections) >= self.max_connections:
+            self.refused_connections += 1
+            log_connection_error(
+                "grpc_connection_refused",
+                f"port={self.port} connections={len(self._connections)} limit={self.max_connections} "
+                "(--grpc-max-connections): a connection past the limit is closed at once",
+            )
+            return _Refused()
         conn = Http2Connection(
             self._routes.get,
             self._is_refusing,

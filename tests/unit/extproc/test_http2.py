@@ -6,6 +6,7 @@ ends its stream or its connection with the protocol's error code, never more buf
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from hpack import Encoder
 from llm_epp.extproc import http2
 from llm_epp.extproc.held import HeldBytes
 from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
+from llm_epp.observability.logging import VERBOSE
 
 EOF = grpc.aio.EOF
 GRPC_HEADERS = [
@@ -571,3 +573,60 @@ async def _until(cond: Any, what: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_connections_past_the_limit_are_sent_goaway_and_closed_until_one_ends() -> None:
+    async with serving(Echo(), max_connections=2) as server:
+        first = await RawClient.open(server.port)
+        second = await RawClient.open(server.port)
+        await _until(lambda: len(server._connections) == 2, "two connections")
+        third = await RawClient.open(server.port)
+        third.headers(1)  # not read: the connection is closed first
+        assert await third.goaway_code() == http2.ENHANCE_YOUR_CALM
+        assert server.refused_connections == 1 and len(server._connections) == 2
+        first.headers(1)
+        assert await first.echoed(1, 0, grpc_message(b"one")) == grpc_message(b"one")
+        await second.close()
+        await _until(lambda: len(server._connections) == 1, "the second connection to end")
+        fourth = await RawClient.open(server.port)
+        fourth.headers(1)
+        assert await fourth.echoed(1, 0, grpc_message(b"four")) == grpc_message(b"four")
+        assert server.refused_connections == 1
+        for client in (first, third, fourth):
+            await client.close()
+
+    async with serving(Echo(), max_connections=0) as unlimited:  # 0: no limit
+        clients = [await RawClient.open(unlimited.port) for _ in range(5)]
+        for client in clients:
+            client.headers(1)
+            assert await client.echoed(1, 0, grpc_message(b"x")) == grpc_message(b"x")
+            await client.close()
+        assert unlimited.refused_connections == 0
+
+
+async def test_a_connection_without_the_client_preface_is_closed_after_the_deadline(monkeypatch: Any) -> None:
+    monkeypatch.setattr(http2, "PREFACE_TIMEOUT_S", 0.2)
+    async with serving(Echo()) as server:
+        silent = await RawClient.open(server.port, preface=b"")
+        partial_preface = await RawClient.open(server.port, preface=http2.PREFACE[:10])
+        talking = await RawClient.open(server.port)
+        assert await silent.goaway_code() == http2.PROTOCOL_ERROR
+        assert await partial_preface.goaway_code() == http2.PROTOCOL_ERROR
+        await asyncio.sleep(0.3)  # past the deadline: a client that sent the preface keeps its connection
+        talking.headers(1)
+        assert await talking.echoed(1, 0, grpc_message(b"still here")) == grpc_message(b"still here")
+        for client in (silent, partial_preface, talking):
+            await client.close()
+
+
+async def test_connection_errors_log_one_info_line_per_interval(monkeypatch: Any, caplog: Any) -> None:
+    monkeypatch.setattr(http2, "_last_error_log", [-http2.ERROR_LOG_INTERVAL_S])
+    caplog.set_level(VERBOSE, logger=http2.log.name)
+    async with serving(Echo()) as server:
+        for _ in range(3):
+            client = await RawClient.open(server.port, preface=b"GET / HTTP/1.1\r\n\r\n")
+            assert await client.goaway_code() == http2.PROTOCOL_ERROR
+            await client.close()
+    errors = [r for r in caplog.records if r.getMessage().startswith("http2_connection_error")]
+    assert [r.levelno for r in errors] == [logging.INFO, VERBOSE, VERBOSE]
+    assert "not an HTTP/2 client preface" in errors[0].getMessage()
