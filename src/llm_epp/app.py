@@ -26,7 +26,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.held import HeldBytes
-from llm_epp.extproc.http2_server import DEFAULT_MAX_CONNECTIONS, ExtProcServer
+from llm_epp.extproc.http2_server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS, ExtProcServer
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -346,6 +346,7 @@ def ext_proc_server(
         ssl_context=_ssl_context(opts),
         held=HeldBytes(max_held),
         max_connections=_max_connections(opts),
+        max_open_streams=DEFAULT_MAX_STREAMS if opts.grpc_max_streams is None else opts.grpc_max_streams,
     )
 
 

@@ -257,6 +257,14 @@ def _serve_parser(p: _Parser) -> None:
         help="client connections the ext_proc and health ports each accept at once on the asyncio transport; one "
         "past it is sent GOAWAY and closed (default 4096; 0: no limit). grpcio has no such limit",
     )
+    serving.add_argument(
+        "--grpc-max-streams",
+        type=int,
+        default=None,
+        metavar="N",
+        help="streams (in-flight requests) the ext_proc port serves at once across all its connections on the "
+        "asyncio transport; one past it is refused with REFUSED_STREAM (default 65536; 0: no limit)",
+    )
     _bool_flag(serving, "--health-checking", False, "also serve gRPC health on the ext_proc port")
     serving.add_argument(
         "--grpc-transport",
@@ -554,6 +562,7 @@ def _options(args: argparse.Namespace) -> Options:
         metrics_client_ca_file=args.metrics_client_ca_file,
         grpc_max_recv_msg_size=args.grpc_max_recv_msg_size,
         grpc_max_connections=args.grpc_max_connections,
+        grpc_max_streams=args.grpc_max_streams,
         grpc_max_send_msg_size=args.grpc_max_send_msg_size,
         enable_grpc_stream_metrics=args.enable_grpc_stream_metrics,
         grpc_transport=args.grpc_transport,
@@ -707,14 +716,19 @@ def check_options(opts: Options) -> list[str]:
         problems.append("--max-request-body-bytes must be positive")
     if opts.max_held_request_bytes <= 0:
         problems.append("--max-held-request-bytes must be positive")
-    if opts.grpc_max_connections is not None:
-        if opts.grpc_max_connections < 0:
-            problems.append("--grpc-max-connections must be 0 (no limit) or more")
+    for flag, value in (
+        ("--grpc-max-connections", opts.grpc_max_connections),
+        ("--grpc-max-streams", opts.grpc_max_streams),
+    ):
+        if value is None:
+            continue
+        if value < 0:
+            problems.append(f"{flag} must be 0 (no limit) or more")
         elif opts.ext_proc_transport() != "asyncio":
             problems.append(
-                "--grpc-max-connections is enforced by the asyncio transport only, and this configuration is served "
-                "by grpcio (which has no connection limit): drop the flag, or use --grpc-transport asyncio (with the "
-                "direct-routing API on its own --pick-api-port)"
+                f"{flag} is enforced by the asyncio transport only, and this configuration is served by grpcio "
+                "(which has no such limit): drop the flag, or use --grpc-transport asyncio (with the direct-routing "
+                "API on its own --pick-api-port)"
             )
     if opts.model_server_metrics_scheme not in (None, "http", "https"):
         problems.append(

@@ -60,6 +60,7 @@ class Options:
     grpc_max_recv_msg_size: int = 0  # 0: DEFAULT_GRPC_MAX_MSG_BYTES
     grpc_max_send_msg_size: int = 0
     grpc_max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS on asyncio; grpcio has no limit
+    grpc_max_streams: int | None = None  # None: DEFAULT_MAX_STREAMS on asyncio (across connections)
     enable_grpc_stream_metrics: bool = False
     tls_min_version: str = ""
     tls_cipher_suites: tuple[str, ...] = ()

@@ -64,3 +64,30 @@ def test_a_connection_past_the_limit_is_sent_goaway_and_closed() -> None:
             time.sleep(0.05)
         else:
             raise AssertionError("no connection was served after the first one ended")
+
+
+def test_a_stream_past_the_servers_limit_is_refused() -> None:
+    """`--grpc-max-streams 1`: while one ext_proc stream is open (its request headers not yet sent), a second,
+    on another connection, is refused with REFUSED_STREAM."""
+    from hpack import Encoder
+
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"),
+        (":authority", "epp"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    with EppProcess("--endpoints", "127.0.0.1:1", "--secure-serving=false", "--grpc-max-streams", "1") as epp:
+        first, second = Client(epp.grpc_port), Client(epp.grpc_port)
+        for client in (first, second):
+            client.sock.sendall(http2._frame(http2.SETTINGS, http2.ACK, 0))
+        first.sock.sendall(http2._frame(http2.HEADERS, http2.END_HEADERS, 1, Encoder().encode(headers)))
+        first.sock.sendall(http2._frame(http2.PING, 0, 0, b"first..."))  # answered once the stream is open
+        assert first.until(http2.PING) == (http2.ACK, b"first...")
+        second.sock.sendall(http2._frame(http2.HEADERS, http2.END_HEADERS, 1, Encoder().encode(headers)))
+        reset = second.until(http2.RST_STREAM)
+        assert reset is not None and int.from_bytes(reset[1], "big") == http2.REFUSED_STREAM
+        first.close()
+        second.close()

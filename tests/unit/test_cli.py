@@ -41,6 +41,7 @@ def test_reference_defaults() -> None:
         (["--max-held-request-bytes", "1Gi"], "max_held_request_bytes", 1 << 30),
         (["--grpc-max-connections", "64"], "grpc_max_connections", 64),
         (["--grpc-max-connections=0"], "grpc_max_connections", 0),
+        (["--grpc-max-streams", "1000"], "grpc_max_streams", 1000),
         (["--emit-endpoint-scores"], "emit_endpoint_scores", True),
         (["--emit-endpoint-scores=false"], "emit_endpoint_scores", False),
         (["--metrics-name-filter=false"], "metrics_name_filter", False),
@@ -58,6 +59,7 @@ def test_reference_defaults() -> None:
         "held-gi",
         "connections",
         "connections-unlimited",
+        "streams",
         "scores",
         "scores-false",
         "name-filter-off",
@@ -89,6 +91,11 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
             ["--endpoints", "a:1", "--grpc-max-connections", "8", "--grpc-transport", "grpcio"],
             "--grpc-max-connections is enforced by the asyncio transport only",
         ),
+        (["--endpoints", "a:1", "--grpc-max-streams", "-5"], "--grpc-max-streams must be 0 (no limit)"),
+        (
+            ["--endpoints", "a:1", "--grpc-max-streams", "100", "--grpc-transport", "grpcio"],
+            "--grpc-max-streams is enforced by the asyncio transport only",
+        ),
     ],
     ids=[
         "no-source",
@@ -104,6 +111,8 @@ def test_flag_forms(argv: list[str], field: str, value: object) -> None:
         "held-zero",
         "connections-negative",
         "connections-on-grpcio",
+        "streams-negative",
+        "streams-on-grpcio",
     ],
 )
 def test_wrong_combinations_are_explained(argv: list[str], fragment: str) -> None:

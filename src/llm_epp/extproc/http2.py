@@ -85,6 +85,16 @@ def log_connection_error(what: str, detail: str) -> None:
         log.log(level, "%s %s", what, detail)
 
 
+class StreamCount:
+    """The streams open on all of a server's connections, and how many it serves at once (0: no limit)."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.open = 0
+
+
 class RpcError(Exception):
     """Ends an RPC with a gRPC status other than OK; `message` goes to the client as grpc-message."""
 
@@ -318,6 +328,7 @@ class Http2Connection(asyncio.Protocol):
         on_close: Callable[[Http2Connection], None],
         held: HeldBytes,
         max_streams: int = MAX_CONCURRENT_STREAMS,
+        open_streams: StreamCount | None = None,
     ) -> None:
         self._route = route
         self._refusing = refusing
@@ -325,6 +336,7 @@ class Http2Connection(asyncio.Protocol):
         self.held = held  # what has arrived on all connections and is not read yet, and messages being gathered
         self._max_streams = max_streams
         self._stream_limit = max_streams * UNACKED_STREAMS_FACTOR
+        self.open_streams = open_streams if open_streams is not None else StreamCount()  # across connections
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()  # the start of a frame (or of the preface) that has not fully arrived
@@ -442,6 +454,7 @@ class Http2Connection(asyncio.Protocol):
             stream._wake()
             if stream.task is not None:
                 stream.task.cancel()
+        self.open_streams.open -= len(self.streams)
         self.streams.clear()
         self._opened()
         self._on_close(self)
@@ -465,6 +478,7 @@ class Http2Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR, "a malformed RST_STREAM")
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
+                self.open_streams.open -= 1
                 self.release(stream)
                 stream.ended = stream.remote_ended = True
                 stream._wake()
@@ -627,7 +641,14 @@ class Http2Connection(asyncio.Protocol):
         if not stream_id % 2:
             raise _ConnectionError(PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
         self._last_id = stream_id
-        if self._goaway or len(self.streams) >= self._stream_limit:
+        total = self.open_streams
+        if self._goaway or len(self.streams) >= self._stream_limit or (total.limit and total.open >= total.limit):
+            if not self._goaway and len(self.streams) < self._stream_limit:
+                log_connection_error(
+                    "grpc_stream_refused",
+                    f"open_streams={total.open} limit={total.limit} (--grpc-max-streams): a stream past the limit "
+                    "is refused (REFUSED_STREAM)",
+                )
             self._send(_frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
         fields: dict[bytes, bytes] = {}
@@ -637,6 +658,7 @@ class Http2Connection(asyncio.Protocol):
         stream = Stream(self, stream_id, path)
         stream.remote_ended = end_stream
         self.streams[stream_id] = stream
+        total.open += 1
         content_type = fields.get(b"content-type", b"")
         if fields.get(b":method") != b"POST" or not content_type.startswith(b"application/grpc"):
             self._send(_frame(HEADERS, END_HEADERS | END_STREAM, stream_id, _NOT_GRPC))
@@ -704,6 +726,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _close(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is not None:
+            self.open_streams.open -= 1
             self.release(stream)
         if self._goaway and not self.streams and self.transport is not None:
             self._flush()

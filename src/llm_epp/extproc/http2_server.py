@@ -22,9 +22,11 @@ flight up to `grace` seconds, then cancels what is left and drops the connection
 once. What a client can make the server hold is bounded per connection (`max_streams` streams and the
 flow-control windows) and across connections: received data not yet read, and messages being gathered,
 count in `held` (`--max-held-request-bytes`). The connections themselves are at most `max_connections`
-(`--grpc-max-connections`): one past it is sent GOAWAY (ENHANCE_YOUR_CALM) and closed; and a connection
-that has not sent the HTTP/2 client preface within 20 s is closed. A client that can connect can still
-take those connections from the gateways, so the port needs TLS (`--secure-serving`) or a network boundary.
+(`--grpc-max-connections`): one past it is sent GOAWAY (ENHANCE_YOUR_CALM) and closed; a connection that
+has not sent the HTTP/2 client preface within 20 s is closed; and the streams open on all connections
+together are at most `max_open_streams` (`--grpc-max-streams`; one past it is refused with
+REFUSED_STREAM). A client that can connect can still take those connections and streams from the
+gateways, so the port needs TLS (`--secure-serving`) or a network boundary.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from llm_epp.extproc.http2 import (
     Http2Connection,
     RpcError,
     Stream,
+    StreamCount,
     goodbye,
     log_connection_error,
 )
@@ -70,6 +73,7 @@ log = logging.getLogger(__name__)
 
 PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 DEFAULT_MAX_CONNECTIONS = 4096  # --grpc-max-connections
+DEFAULT_MAX_STREAMS = 65_536  # --grpc-max-streams: across connections
 _EOF = grpc.aio.EOF
 _HEALTH_REQUEST_MAX = 1 << 16
 
@@ -146,6 +150,7 @@ class ExtProcServer:
         held: HeldBytes | None = None,
         max_streams: int = MAX_CONCURRENT_STREAMS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_open_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         self._process = process
         self._decode = decode
@@ -158,6 +163,7 @@ class ExtProcServer:
         self._max_streams = max_streams
         self.max_connections = max_connections  # 0: no limit
         self.refused_connections = 0
+        self.open_streams = StreamCount(max_open_streams)  # 0: no limit
         self._sock: socket.socket | None = None
         self._listener: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
@@ -243,6 +249,7 @@ class ExtProcServer:
             self._connections.discard,
             self.held,
             self._max_streams,
+            self.open_streams,
         )
         self._connections.add(conn)
         return conn

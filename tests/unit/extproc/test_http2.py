@@ -630,3 +630,29 @@ async def test_connection_errors_log_one_info_line_per_interval(monkeypatch: Any
     errors = [r for r in caplog.records if r.getMessage().startswith("http2_connection_error")]
     assert [r.levelno for r in errors] == [logging.INFO, VERBOSE, VERBOSE]
     assert "not an HTTP/2 client preface" in errors[0].getMessage()
+
+
+async def test_streams_past_the_servers_limit_are_refused_across_connections() -> None:
+    process = Echo()
+    process.hold = asyncio.Event()  # handlers wait: their streams stay open
+    async with serving(process, max_open_streams=3) as server:
+        a = await RawClient.open(server.port)
+        b = await RawClient.open(server.port)
+        a.headers(1)
+        a.headers(3)
+        b.headers(1)
+        await _until(lambda: server.open_streams.open == 3, "three open streams")
+        b.headers(3)  # a fourth, on a connection with room of its own
+        _, payload = await b.until(http2.RST_STREAM)
+        assert int.from_bytes(payload, "big") == http2.REFUSED_STREAM
+        assert server.open_streams.open == 3
+
+        a.send(http2.RST_STREAM, 0, 3, http2.CANCEL.to_bytes(4, "big"))  # the client ends one of them
+        await _until(lambda: server.open_streams.open == 2, "the reset stream to be gone")
+        b.headers(5)
+        await _until(lambda: server.open_streams.open == 3, "a new stream in its place")
+        process.hold.set()
+        assert await b.echoed(5, 0, grpc_message(b"five")) == grpc_message(b"five")
+        await a.close()  # streams of a closed connection are counted out
+        await b.close()
+        await _until(lambda: server.open_streams.open == 0, "every stream counted out")
