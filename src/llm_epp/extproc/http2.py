@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -39,7 +38,7 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from llm_epp.extproc.held import HeldBytes, HeldBytesExceeded
-from llm_epp.observability.logging import VERBOSE
+from llm_epp.observability.logging import InfoOncePerInterval
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +70,8 @@ FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more i
 PREFACE_TIMEOUT_S = 20.0  # a connection that has not sent the client preface by then is closed
 ERROR_LOG_INTERVAL_S = 10.0  # connection errors: one INFO line per interval, the others at VERBOSE
 
-_last_error_log = [-ERROR_LOG_INTERVAL_S]  # monotonic time of the last connection error logged at INFO
-
-
-def log_connection_error(what: str, detail: str) -> None:
-    """One INFO line per ERROR_LOG_INTERVAL_S, the rest at VERBOSE: any client that can connect can cause
-    these, and must not be able to flood the log with them."""
-    now = time.monotonic()
-    level = logging.INFO if now - _last_error_log[0] >= ERROR_LOG_INTERVAL_S else VERBOSE
-    if level == logging.INFO:
-        _last_error_log[0] = now
-    if log.isEnabledFor(level):
-        log.log(level, "%s %s", what, detail)
+# Connection errors and refusals: any client that can connect can cause them, and must not flood the log.
+log_connection_error = InfoOncePerInterval(log, ERROR_LOG_INTERVAL_S).log
 
 
 class StreamCount:
@@ -645,9 +634,10 @@ class Http2Connection(asyncio.Protocol):
         if self._goaway or len(self.streams) >= self._stream_limit or (total.limit and total.open >= total.limit):
             if not self._goaway and len(self.streams) < self._stream_limit:
                 log_connection_error(
-                    "grpc_stream_refused",
-                    f"open_streams={total.open} limit={total.limit} (--grpc-max-streams): a stream past the limit "
+                    "grpc_stream_refused open_streams=%d limit=%d (--grpc-max-streams): a stream past the limit "
                     "is refused (REFUSED_STREAM)",
+                    total.open,
+                    total.limit,
                 )
             self._send(_frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
@@ -816,7 +806,7 @@ class Http2Connection(asyncio.Protocol):
         transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _fail(self, code: int, why: str) -> None:
-        log_connection_error("http2_connection_error", f"code={code} reason={why}")
+        log_connection_error("http2_connection_error code=%d reason=%s", code, why)
         self._send(_frame(GOAWAY, 0, 0, self._last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + why.encode()))
         self._flush()
         if self.transport is not None:

@@ -238,9 +238,11 @@ class ExtProcServer:
         if self.max_connections and len(self._connections) >= self.max_connections:
             self.refused_connections += 1
             log_connection_error(
-                "grpc_connection_refused",
-                f"port={self.port} connections={len(self._connections)} limit={self.max_connections} "
-                "(--grpc-max-connections): a connection past the limit is closed at once",
+                "grpc_connection_refused port=%d connections=%d limit=%d (--grpc-max-connections): a connection "
+                "past the limit is closed at once",
+                self.port,
+                len(self._connections),
+                self.max_connections,
             )
             return _Refused()
         conn = Http2Connection(

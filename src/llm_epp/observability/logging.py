@@ -48,6 +48,28 @@ _MILLIS = tuple(f"{ms:03d}Z" for ms in range(1000))
 _TIME_ENCODINGS = ("epoch", "millis", "nanos", "iso8601", "rfc3339", "rfc3339nano")
 
 
+class InfoOncePerInterval:
+    """For events any client can cause (a malformed connection, a refused call): one INFO line per
+    `interval_s`, the others at VERBOSE (`-v 3`), so that no client can flood the log at the default level."""
+
+    __slots__ = ("_clock", "_last", "interval_s", "logger")
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+
+    def log(self, msg: str, *args: object) -> None:
+        now = self._clock()
+        level = VERBOSE
+        if self._last is None or now - self._last >= self.interval_s:
+            self._last = now
+            level = logging.INFO
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, msg, *args)
+
+
 def level_for_verbosity(verbosity: int) -> int:
     if verbosity <= 2:
         return logging.INFO

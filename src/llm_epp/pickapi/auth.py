@@ -32,9 +32,11 @@ from typing import Any, Protocol
 import grpc
 
 from llm_epp.api.v1 import picker_pb2 as pb
+from llm_epp.observability.logging import InfoOncePerInterval
 from llm_epp.pickapi.leases import CURRENT_CALLER, CURRENT_RESERVATION, LeaseLimitError, LeaseTable, Reservation
 
 log = logging.getLogger(__name__)
+_log_rejection = InfoOncePerInterval(log).log  # any caller can cause these: one INFO line per 10 s
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EndpointPicker"].full_name
 _PREFIX = f"/{SERVICE}/"
@@ -219,7 +221,7 @@ class PickApiGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 caller = await self.authenticator.authenticate(context)
             except AuthError as e:
                 self.rejected += 1
-                log.info("pick_api_unauthorized method=%s peer=%s reason=%s", name, context.peer(), e.message)
+                _log_rejection("pick_api_unauthorized method=%s peer=%s reason=%s", name, context.peer(), e.message)
                 await context.abort(e.code, e.message)
                 raise AssertionError("unreachable: context.abort raises") from None
             caller_token = CURRENT_CALLER.set(caller)

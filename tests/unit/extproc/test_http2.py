@@ -23,7 +23,7 @@ from hpack import Encoder
 from llm_epp.extproc import http2
 from llm_epp.extproc.held import HeldBytes
 from llm_epp.extproc.http2_server import PROCESS, ExtProcServer
-from llm_epp.observability.logging import VERBOSE
+from llm_epp.observability.logging import VERBOSE, InfoOncePerInterval
 
 EOF = grpc.aio.EOF
 GRPC_HEADERS = [
@@ -620,7 +620,7 @@ async def test_a_connection_without_the_client_preface_is_closed_after_the_deadl
 
 
 async def test_connection_errors_log_one_info_line_per_interval(monkeypatch: Any, caplog: Any) -> None:
-    monkeypatch.setattr(http2, "_last_error_log", [-http2.ERROR_LOG_INTERVAL_S])
+    monkeypatch.setattr(http2, "log_connection_error", InfoOncePerInterval(http2.log).log)  # a fresh interval
     caplog.set_level(VERBOSE, logger=http2.log.name)
     async with serving(Echo()) as server:
         for _ in range(3):

@@ -14,6 +14,7 @@ from llm_epp.observability.logging import (
     TRACE,
     VERBOSE,
     ConsoleFormatter,
+    InfoOncePerInterval,
     JsonFormatter,
     bind_request,
     clear_request,
@@ -299,3 +300,24 @@ def test_time_encodings(encoding: str, pattern: str) -> None:
     configure_logging(2, stream=console, time_encoding=encoding)
     log.info("stamped")
     assert re.match(pattern, console.getvalue().split(" ", 1)[0])
+
+
+def test_info_once_per_interval_then_verbose(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    logger = logging.getLogger("llm_epp.test_once")
+    once = InfoOncePerInterval(logger, 10.0, clock=lambda: now[0])
+    caplog.set_level(VERBOSE, logger=logger.name)
+    for i, step in enumerate((0.0, 9.5, 0.5, 5.0)):
+        now[0] += step
+        once.log("refused n=%d", i)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "refused n=0"),
+        (VERBOSE, "refused n=1"),
+        (logging.INFO, "refused n=2"),  # 10 s after the last INFO line
+        (VERBOSE, "refused n=3"),
+    ]
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger=logger.name)  # the default level: the VERBOSE lines are not written
+    now[0] += 1.0
+    once.log("refused again")
+    assert caplog.records == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.static import parse_endpoint_list
 from llm_epp.framework import NullRecorder
 from llm_epp.k8s.tokenreview import KubernetesTokenReviewer
+from llm_epp.observability.logging import VERBOSE, InfoOncePerInterval
 from llm_epp.pickapi import LeaseTable, PickServicer
 from llm_epp.pickapi.auth import (
     Authenticator,
@@ -286,3 +288,18 @@ def test_malformed_service_accounts_are_refused(entry: str) -> None:
 )
 def test_service_account_matching(user: str, allowed: list[str], expected: bool) -> None:
     assert service_account_allowed(user, allowed) is expected
+
+
+async def test_refused_calls_log_one_info_line_per_interval(
+    tokens: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from llm_epp.pickapi import auth
+
+    monkeypatch.setattr(auth, "_log_rejection", InfoOncePerInterval(auth.log).log)  # a fresh interval
+    caplog.set_level(VERBOSE, logger=auth.log.name)
+    async with tokens.channel() as ch:
+        for _ in range(4):
+            call = stub(ch).ListEndpoints(pb.ListEndpointsRequest(), metadata=bearer("forged"), timeout=10)
+            assert await code_of(call) == grpc.StatusCode.UNAUTHENTICATED
+    refusals = [r for r in caplog.records if r.getMessage().startswith("pick_api_unauthorized")]
+    assert [r.levelno for r in refusals] == [logging.INFO, VERBOSE, VERBOSE, VERBOSE]
