@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from llm_epp.datalayer.objectives import ObjectivesFileWatcher, ObjectivesStore
 from llm_epp.datalayer.runtime import DataLayer, MetricsRuntime, ReachabilityProbe, build_data_layer
 from llm_epp.datalayer.static import EndpointsFileWatcher, EndpointSourceError, parse_endpoint_list
 from llm_epp.extproc.held import HeldBytes
-from llm_epp.extproc.http2_server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS, ExtProcServer
+from llm_epp.extproc.http2_server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS, ExtProcServer, UnaryMethod
 from llm_epp.extproc.servicer import ExtProcServicer
 from llm_epp.framework.kvindex import install_kv_index_service
 from llm_epp.framework.tracing import NULL_TRACER, Tracer
@@ -50,6 +51,7 @@ from llm_epp.observability.stream_metrics import StreamMetrics
 from llm_epp.observability.tracing import TracingSetupError, build_tracer, shutdown_tracer, with_plugin_spans
 from llm_epp.options import DEFAULT_GRPC_MAX_MSG_BYTES, Options
 from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi.auth import SERVICE as PICK_SERVICE
 from llm_epp.pickapi.auth import Authenticator, AuthSettings, PickApiGuard, TokenReviewer
 from llm_epp.pickapi.servicer import LeaseFinisher
 from llm_epp.requestcontrol.director import Director
@@ -332,6 +334,7 @@ def ext_proc_server(
     stream_metrics: StreamMetrics | None = None,
     *,
     max_held: int,
+    unary: Mapping[str, UnaryMethod] | None = None,
 ) -> ExtProcServer:
     """The event loop's server of the ext_proc port (and of gRPC health on it with `health`), not yet bound.
     What has arrived and is not read yet is bounded by `max_held` (`--max-held-request-bytes`, this process's
@@ -347,6 +350,7 @@ def ext_proc_server(
         held=HeldBytes(max_held),
         max_connections=_max_connections(opts),
         max_open_streams=DEFAULT_MAX_STREAMS if opts.grpc_max_streams is None else opts.grpc_max_streams,
+        unary=unary,
     )
 
 
@@ -356,7 +360,7 @@ def _max_connections(opts: Options) -> int:
 
 async def _start_health_server(opts: Options, transport: str, health: HealthState) -> tuple[Any, int]:
     """The plaintext gRPC health port, served by what serves the ext_proc port (`--grpc-transport`): on asyncio
-    the process needs no grpcio server, and no grpcio threads, unless the direct-routing API is on."""
+    the process needs no grpcio server and no grpcio threads."""
     if transport != "asyncio":
         return await start_health_server(opts.bind_address, opts.grpc_health_port, health)
     server = ExtProcServer(None, bytes, max_recv=0, max_send=0, health=health, max_connections=_max_connections(opts))
@@ -460,10 +464,7 @@ def _pick_api_guard(opts: Options, api: Any, leases: LeaseTable) -> PickApiGuard
     return PickApiGuard(Authenticator(settings), leases)
 
 
-def _pick_api_credentials(opts: Options) -> grpc.ServerCredentials | None:
-    """The API's own port: mTLS when a client CA is given, else the ext_proc port's TLS setting."""
-    if not opts.pick_api_client_ca_file:
-        return _credentials(opts)
+def _pick_api_client_ca(opts: Options) -> bytes:
     try:
         ca = Path(opts.pick_api_client_ca_file).read_bytes()
     except OSError as e:
@@ -472,8 +473,40 @@ def _pick_api_credentials(opts: Options) -> grpc.ServerCredentials | None:
         ) from None
     if b"-----BEGIN CERTIFICATE-----" not in ca:
         raise StartupError(f"--pick-api-client-ca-file {opts.pick_api_client_ca_file} holds no PEM certificate")
+    return ca
+
+
+def _pick_api_credentials(opts: Options) -> grpc.ServerCredentials | None:
+    """The API's own port on grpcio: mTLS when a client CA is given, else the ext_proc port's TLS setting."""
+    if not opts.pick_api_client_ca_file:
+        return _credentials(opts)
+    ca = _pick_api_client_ca(opts)
     cert, key = _cert_and_key(opts)
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+def _pick_api_ssl_context(opts: Options) -> ssl.SSLContext | None:
+    """The API's own port on asyncio: mTLS when a client CA is given (the handshake completes only for a
+    certificate it signed), else the ext_proc port's TLS setting."""
+    if not opts.pick_api_client_ca_file:
+        return _ssl_context(opts)
+    ca = _pick_api_client_ca(opts)
+    cert, key = _cert_and_key(opts)
+    try:
+        ctx = server_context(cert, key, grpc_cipher_list(opts.tls_cipher_suites))
+        ctx.load_verify_locations(cadata=ca.decode("ascii", "replace"))
+    except (CertificateError, ssl.SSLError) as e:
+        raise StartupError(f"--pick-api-client-ca-file {opts.pick_api_client_ca_file}: {e}") from None
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def pick_api_methods(pick: PickServicer, guard: PickApiGuard) -> dict[str, UnaryMethod]:
+    """The direct-routing API's methods behind its guard, for the asyncio server."""
+    return {
+        f"/{PICK_SERVICE}/{name}": UnaryMethod(deserialize, guard.guard(name, fn), serialize)
+        for name, (deserialize, fn, serialize) in pick.methods().items()
+    }
 
 
 class _Signals:
@@ -552,6 +585,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             c.health if opts.health_checking else None,
             stream_metrics,
             max_held=opts.max_held_request_bytes,
+            unary=pick_api_methods(c.pick, guard) if shared_guard and guard is not None else None,
         )
         try:
             port = loop_server.bind(opts.bind_address, opts.grpc_port)
@@ -574,18 +608,34 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         servers.append(server)
     pick_port = port if shared_guard else 0
     if guard is not None and opts.pick_api_port:
-        pick_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
-        pick_server.add_generic_rpc_handlers((c.pick.handler(),))
         pick_address = f"{opts.bind_address}:{opts.pick_api_port}"
-        pick_creds = _pick_api_credentials(opts)
-        try:
-            if pick_creds is not None:
-                pick_port = pick_server.add_secure_port(pick_address, pick_creds)
-            else:
-                pick_port = pick_server.add_insecure_port(pick_address)
-        except RuntimeError as e:
-            raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
-        servers.append(pick_server)
+        if transport == "asyncio":
+            pick_loop_server = ExtProcServer(
+                None,
+                bytes,
+                max_recv=opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+                max_send=opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+                ssl_context=_pick_api_ssl_context(opts),
+                max_connections=_max_connections(opts),
+                unary=pick_api_methods(c.pick, guard),
+            )
+            try:
+                pick_port = pick_loop_server.bind(opts.bind_address, opts.pick_api_port)
+            except OSError as e:
+                raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
+            servers.append(pick_loop_server)
+        else:
+            pick_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
+            pick_server.add_generic_rpc_handlers((c.pick.handler(),))
+            pick_creds = _pick_api_credentials(opts)
+            try:
+                if pick_creds is not None:
+                    pick_port = pick_server.add_secure_port(pick_address, pick_creds)
+                else:
+                    pick_port = pick_server.add_insecure_port(pick_address)
+            except RuntimeError as e:
+                raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
+            servers.append(pick_server)
     if guard is not None and opts.pick_api_token_review and not (pick_port != port and opts.pick_api_client_ca_file):
         if not opts.secure_serving:
             log.warning("pick_api_tokens_over_plaintext: bearer tokens travel unencrypted; use --secure-serving")

@@ -271,9 +271,8 @@ def _serve_parser(p: _Parser) -> None:
         choices=("auto", "asyncio", "grpcio"),
         metavar="auto|asyncio|grpcio",
         default="auto",
-        help="what serves the ext_proc and health ports: asyncio (llm-epp's HTTP/2 server in the event loop's "
-        "thread, about half the CPU per request) or grpcio; auto (default) is asyncio unless the direct-routing API "
-        "shares the ext_proc port",
+        help="what serves the ext_proc, health and direct-routing API ports: asyncio (llm-epp's HTTP/2 server in "
+        "the event loop's thread, about half the CPU per request) or grpcio; auto (default) is asyncio",
     )
     serving.add_argument(
         "--max-request-body-bytes", type=_size, default=16 << 20, help="larger bodies get 413 (default 16Mi)"
@@ -726,9 +725,8 @@ def check_options(opts: Options) -> list[str]:
             problems.append(f"{flag} must be 0 (no limit) or more")
         elif opts.ext_proc_transport() != "asyncio":
             problems.append(
-                f"{flag} is enforced by the asyncio transport only, and this configuration is served by grpcio "
-                "(which has no such limit): drop the flag, or use --grpc-transport asyncio (with the direct-routing "
-                "API on its own --pick-api-port)"
+                f"{flag} is enforced by the asyncio transport only, and --grpc-transport grpcio has no such "
+                "limit: drop the flag, or use --grpc-transport asyncio (the default)"
             )
     if opts.model_server_metrics_scheme not in (None, "http", "https"):
         problems.append(
@@ -739,11 +737,6 @@ def check_options(opts: Options) -> list[str]:
         problems.append("--model-server-metrics-port must be between 0 and 65535")
     problems.extend(_metrics_tls_problems(opts))
     problems.extend(worker_problems(opts))
-    if opts.grpc_transport == "asyncio" and opts.enable_pick_api and not opts.pick_api_port:
-        problems.append(
-            "--grpc-transport asyncio cannot serve the direct-routing API on the ext_proc port: give the API its "
-            "own --pick-api-port, or use --grpc-transport grpcio (or auto)"
-        )
     try:
         check_min_version(opts.tls_min_version)
     except TlsPolicyError as e:

@@ -79,15 +79,13 @@ class Options:
     drain_timeout: float = 30.0
     # ext_proc worker processes over one scheduling state (1 = served by this process)
     workers: int = 1
-    # what serves the ext_proc port: asyncio (HTTP/2 in the event loop) or grpcio; auto = asyncio unless the
-    # direct-routing API shares the port (that API is served by grpcio)
+    # what serves the ext_proc, health and direct-routing API ports: asyncio (HTTP/2 in the event loop) or
+    # grpcio; auto = asyncio
     grpc_transport: str = "auto"
 
     def ext_proc_transport(self) -> str:
-        """`asyncio` or `grpcio`: what `grpc_transport` resolves to for this configuration."""
-        if self.grpc_transport != "auto":
-            return self.grpc_transport
-        return "grpcio" if self.enable_pick_api and not self.pick_api_port else "asyncio"
+        """`asyncio` or `grpcio`: what `grpc_transport` resolves to."""
+        return "asyncio" if self.grpc_transport == "auto" else self.grpc_transport
 
     def other_ports(self) -> tuple[tuple[str, int], ...]:
         """The EPP's listening ports besides ext_proc, with their flags (0 = any free port: none to avoid)."""

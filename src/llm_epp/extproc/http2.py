@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 from urllib.parse import quote
 
 import grpc
@@ -154,6 +154,7 @@ class Stream:
         "_unacked",
         "_waiter",
         "ended",
+        "headers",
         "id",
         "path",
         "remote_ended",
@@ -177,6 +178,7 @@ class Stream:
         self.ended = False  # our END_STREAM sent, or the stream reset
         self.send_window = conn.peer_initial_window
         self.task: asyncio.Task[None] | None = None
+        self.headers: list[tuple[bytes, bytes]] = []  # the request's header block, decoded
 
     # --- receiving -----------------------------------------------------------------------------------------
     def _received(self, data: bytes) -> None:
@@ -646,6 +648,7 @@ class Http2Connection(asyncio.Protocol):
             fields.setdefault(name, value)
         path = fields.get(b":path", b"").decode("latin-1")
         stream = Stream(self, stream_id, path)
+        stream.headers = headers
         stream.remote_ended = end_stream
         self.streams[stream_id] = stream
         total.open += 1
@@ -824,6 +827,10 @@ class Http2Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def extra_info(self, name: str) -> Any:
+        """The transport's `get_extra_info(name)` (peername, ssl_object, ...), None once it is closed."""
+        return self.transport.get_extra_info(name) if self.transport is not None else None
 
     def handlers(self) -> list[asyncio.Task[None]]:
         return [s.task for s in self.streams.values() if s.task is not None]

@@ -15,6 +15,9 @@ step, before start), `start()` and `stop(grace)`. It serves:
   before it is read (the length prefix says its size), an answer larger than `max_send` likewise;
   compressed messages are refused (Envoy does not compress).
 - `grpc.health.v1.Health` (Check, List; Watch answers UNIMPLEMENTED) when given a `HealthState`.
+- unary methods given as `UnaryMethod`s (the direct-routing API, behind its guard): each gets a context with
+  the parts of grpc.aio's that the API uses (`abort`, `invocation_metadata`, `peer`, and `auth_context` with
+  the verified client certificate's names when the `ssl_context` requires one).
 - with `StreamMetrics`: the ext_proc stream counters, as the grpcio interceptor keeps them.
 
 `stop(grace)` refuses new streams at once (UNAVAILABLE) and closes the listener, gives the streams in
@@ -32,11 +35,14 @@ gateways, so the port needs TLS (`--secure-serving`) or a network boundary.
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -107,6 +113,68 @@ class _Refused(asyncio.Protocol):
             self._timer.cancel()
 
 
+@dataclass(frozen=True)
+class UnaryMethod:
+    """A unary RPC served beside ext_proc (the direct-routing API): how its request is decoded, what answers
+    it (`behavior(request, context)`, with the context grpc.aio's methods would get) and how the answer is
+    encoded."""
+
+    deserialize: Callable[[bytes], Any]
+    behavior: Callable[[Any, Any], Awaitable[Any]]
+    serialize: Callable[[Any], bytes]
+
+
+class _UnaryContext:
+    """The parts of grpc.aio's ServicerContext that a unary method and its guard use: `abort`, the call's
+    metadata, the peer's address and, over mTLS, the identity in the client's certificate."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise RpcError(code, details)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        out: list[tuple[str, str | bytes]] = []
+        for name, value in self._stream.headers:
+            if name.startswith(b":"):
+                continue
+            key = name.decode("latin-1")
+            if key.endswith("-bin"):
+                try:
+                    out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                except ValueError:
+                    continue
+            else:
+                out.append((key, value.decode("latin-1")))
+        return tuple(out)
+
+    def peer(self) -> str:
+        address = self._stream._conn.extra_info("peername")
+        if not isinstance(address, tuple) or len(address) < 2:
+            return "unknown"
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        """As gRPC names them: `x509_common_name` and `x509_subject_alternative_name` of a verified client
+        certificate (empty without one)."""
+        ssl_object = self._stream._conn.extra_info("ssl_object")
+        cert = ssl_object.getpeercert() if ssl_object is not None else None
+        if not cert:
+            return {}
+        out: dict[str, list[bytes]] = {}
+        for rdn in cert.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    out.setdefault("x509_common_name", []).append(value.encode())
+        for _kind, value in cert.get("subjectAltName", ()):
+            out.setdefault("x509_subject_alternative_name", []).append(value.encode())
+        return out
+
+
 class _Context:
     """What `ExtProcServicer.process` reads and writes through: grpc.aio's `read()` / `write()`."""
 
@@ -151,6 +219,7 @@ class ExtProcServer:
         max_streams: int = MAX_CONCURRENT_STREAMS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_open_streams: int = DEFAULT_MAX_STREAMS,
+        unary: Mapping[str, UnaryMethod] | None = None,
     ) -> None:
         self._process = process
         self._decode = decode
@@ -178,6 +247,8 @@ class ExtProcServer:
                 f"/{HEALTH_SERVICE}/List": self._list,
                 f"/{HEALTH_SERVICE}/Watch": self._watch,
             }
+        for path, method in (unary or {}).items():
+            self._routes[path] = functools.partial(self._unary, method)
         self.port = 0
 
     # --- grpc.aio.Server's surface ---------------------------------------------------------------------
@@ -288,6 +359,19 @@ class ExtProcServer:
                 metrics.inflight.dec()
                 metrics.duration.observe(time.perf_counter() - start)
                 metrics.total.labels(code).inc()
+
+    async def _unary(self, method: UnaryMethod, stream: Stream) -> None:
+        data = await stream.read(self.max_recv)
+        if data is None:
+            raise RpcError(grpc.StatusCode.INTERNAL, "the call sent no request message")
+        response = await method.behavior(method.deserialize(data), _UnaryContext(stream))
+        answer = method.serialize(response)
+        if len(answer) > self.max_send:
+            raise RpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer is {len(answer)} bytes, more than the server sends ({self.max_send})",
+            )
+        await stream.write(answer)
 
     async def _check(self, stream: Stream) -> None:
         assert self._health is not None

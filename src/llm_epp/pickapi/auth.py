@@ -210,12 +210,15 @@ class PickApiGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or not method.startswith(_PREFIX) or handler.unary_unary is None:
             return handler
         return grpc.unary_unary_rpc_method_handler(
-            self._guard(method[len(_PREFIX) :], handler.unary_unary),
+            self.guard(method[len(_PREFIX) :], handler.unary_unary),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
-    def _guard(self, name: str, inner: Behavior) -> Behavior:
+    def guard(self, name: str, inner: Behavior) -> Behavior:
+        """Method `name` (Pick, Release, ListEndpoints) behind authentication and the lease caps; `context`
+        is grpc.aio's, or what the asyncio server gives (abort, invocation_metadata, auth_context, peer)."""
+
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 caller = await self.authenticator.authenticate(context)

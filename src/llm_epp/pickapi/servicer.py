@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -85,6 +85,7 @@ async def _reject_malformed(context: grpc.aio.ServicerContext, message_type: Any
 
 
 StatsFn = Callable[[EndpointKey], Mapping[str, float]]
+Behavior = Callable[[Any, Any], Awaitable[Any]]
 
 
 def _stats_sources(plugins: Iterable[object]) -> list[tuple[str, StatsFn]]:
@@ -121,18 +122,27 @@ class PickServicer:
         self._stats = _stats_sources(plugins)
         self._clock = clock
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn: Any, request: Any, response: Any) -> Any:
-            return grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=_lenient(request), response_serializer=response.SerializeToString
-            )
+    def methods(self) -> dict[str, tuple[Callable[[bytes], Any], Behavior, Callable[[Any], bytes]]]:
+        """Per method name: its request deserializer, the method, its response serializer (for any server)."""
 
+        def unary(fn: Behavior, request: Any, response: Any) -> tuple[Any, Behavior, Any]:
+            return _lenient(request), fn, response.SerializeToString
+
+        return {
+            "Pick": unary(self.pick, pb.PickRequest, pb.PickResponse),
+            "Release": unary(self.release, pb.ReleaseRequest, pb.ReleaseResponse),
+            "ListEndpoints": unary(self.list_endpoints, pb.ListEndpointsRequest, pb.ListEndpointsResponse),
+        }
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The methods for a grpcio server."""
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                "Pick": unary(self.pick, pb.PickRequest, pb.PickResponse),
-                "Release": unary(self.release, pb.ReleaseRequest, pb.ReleaseResponse),
-                "ListEndpoints": unary(self.list_endpoints, pb.ListEndpointsRequest, pb.ListEndpointsResponse),
+                name: grpc.unary_unary_rpc_method_handler(
+                    fn, request_deserializer=deserialize, response_serializer=serialize
+                )
+                for name, (deserialize, fn, serialize) in self.methods().items()
             },
         )
 

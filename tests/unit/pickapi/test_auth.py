@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 
 from llm_epp.api.v1 import picker_pb2 as pb
 from llm_epp.api.v1 import picker_pb2_grpc
+from llm_epp.app import pick_api_methods
 from llm_epp.config import load_config_text
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.static import parse_endpoint_list
+from llm_epp.extproc.http2_server import ExtProcServer
 from llm_epp.framework import NullRecorder
 from llm_epp.k8s.tokenreview import KubernetesTokenReviewer
 from llm_epp.observability.logging import VERBOSE, InfoOncePerInterval
@@ -32,6 +35,7 @@ from llm_epp.pickapi.servicer import LeaseFinisher
 from llm_epp.plugins import builtin_registry
 from llm_epp.plugins.parsers import default_parsers
 from llm_epp.requestcontrol.director import Director, RequestPlugins
+from llm_epp.security.server_ssl import server_context
 from tests.support.certs import TestCA
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -43,7 +47,15 @@ SCHEDULER = "system:serviceaccount:batch:scheduler"
 class Api:
     """The servicer behind the guard on a real grpc.aio server (insecure, or mTLS with `ca`)."""
 
-    def __init__(self, settings: AuthSettings, *, ca: TestCA | None = None, max_total: int = 8, per_caller: int = 3):
+    def __init__(
+        self,
+        settings: AuthSettings,
+        *,
+        ca: TestCA | None = None,
+        max_total: int = 8,
+        per_caller: int = 3,
+        transport: str = "grpcio",
+    ):
         self.datastore = Datastore()
         self.datastore.replace_all(parse_endpoint_list(ENDPOINTS))
         config = load_config_text(None, builtin_registry(), NullRecorder())
@@ -54,9 +66,23 @@ class Api:
         self.servicer = PickServicer(self.director, self.datastore.snapshot, leases=self.leases)
         self.authenticator = Authenticator(settings)
         self.guard = PickApiGuard(self.authenticator, self.leases)
+        self.ca = ca
+        self.server: Any
+        if transport == "asyncio":  # llm-epp's own server, as `serve` runs it by default
+            context = None
+            if ca is not None:
+                server_cert = ca.issue("localhost", server=True)
+                context = server_context(server_cert.cert, server_cert.key)
+                context.load_verify_locations(cadata=ca.pem.decode())
+                context.verify_mode = ssl.CERT_REQUIRED
+            methods = pick_api_methods(self.servicer, self.guard)
+            self.server = ExtProcServer(
+                None, bytes, max_recv=1 << 22, max_send=1 << 22, ssl_context=context, unary=methods
+            )
+            self.port = self.server.bind("127.0.0.1", 0)
+            return
         self.server = grpc.aio.server(interceptors=(self.guard,))
         self.servicer.add_to_server(self.server)
-        self.ca = ca
         if ca is not None:
             server_cert = ca.issue("localhost", server=True)
             creds = grpc.ssl_server_credentials(
@@ -97,9 +123,9 @@ async def code_of(call: Any) -> grpc.StatusCode:
 
 
 # --- mTLS ------------------------------------------------------------------------------------------------
-@pytest.fixture
-async def mtls() -> AsyncIterator[Api]:
-    api = Api(AuthSettings(require_client_cert=True), ca=TestCA())
+@pytest.fixture(params=["grpcio", "asyncio"])
+async def mtls(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
+    api = Api(AuthSettings(require_client_cert=True), ca=TestCA(), transport=request.param)
     await api.server.start()
     yield api
     await api.server.stop(None)
@@ -130,11 +156,12 @@ def apiserver() -> Iterator[FakeApiServer]:
         yield fake
 
 
-@pytest.fixture
-async def tokens(apiserver: FakeApiServer) -> AsyncIterator[Api]:
+@pytest.fixture(params=["grpcio", "asyncio"])
+async def tokens(apiserver: FakeApiServer, request: pytest.FixtureRequest) -> AsyncIterator[Api]:
     client = apiserver.api_client()
     reviewer = KubernetesTokenReviewer(client)
-    api = Api(AuthSettings(token_reviewer=reviewer, allowed_service_accounts=("batch/scheduler",)))
+    settings = AuthSettings(token_reviewer=reviewer, allowed_service_accounts=("batch/scheduler",))
+    api = Api(settings, transport=request.param)
     await api.server.start()
     yield api
     await api.server.stop(None)

@@ -15,8 +15,10 @@ from llm_epp.api.v1 import picker_pb2_grpc
 from llm_epp.config import load_config_text
 from llm_epp.datalayer import Datastore
 from llm_epp.datalayer.static import parse_endpoint_list
+from llm_epp.extproc.http2_server import ExtProcServer, UnaryMethod
 from llm_epp.framework import EndpointKey, EppError, ErrorCode, Metrics, NullRecorder, TypedName
 from llm_epp.pickapi import LeaseTable, PickServicer
+from llm_epp.pickapi.auth import SERVICE
 from llm_epp.pickapi.leases import DEFAULT_TTL_S
 from llm_epp.pickapi.servicer import LeaseFinisher, grpc_code
 from llm_epp.plugins import builtin_registry
@@ -78,7 +80,7 @@ class BrokenStats:
 
 
 class Api:
-    def __init__(self) -> None:
+    def __init__(self, transport: str = "grpcio") -> None:
         self.datastore = Datastore()
         self.datastore.replace_all(parse_endpoint_list(ENDPOINTS))
         self.recorder = Recorder()
@@ -101,9 +103,18 @@ class Api:
             max_request_body_bytes=1024,
             clock=self.clock,
         )
-        self.server = grpc.aio.server()
-        self.servicer.add_to_server(self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server: Any
+        if transport == "asyncio":  # llm-epp's own server, as `serve` runs it by default
+            methods = {
+                f"/{SERVICE}/{name}": UnaryMethod(deserialize, fn, serialize)
+                for name, (deserialize, fn, serialize) in self.servicer.methods().items()
+            }
+            self.server = ExtProcServer(None, bytes, max_recv=1 << 22, max_send=1 << 22, unary=methods)
+            self.port = self.server.bind("127.0.0.1", 0)
+        else:
+            self.server = grpc.aio.server()
+            self.servicer.add_to_server(self.server)
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.channel: grpc.aio.Channel | None = None
 
     async def start(self) -> picker_pb2_grpc.EndpointPickerStub:
@@ -136,9 +147,9 @@ class Api:
         return bool(response.released)
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[Api]:
-    a = Api()
+@pytest.fixture(params=["grpcio", "asyncio"])
+async def api(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
+    a = Api(request.param)
     await a.start()
     try:
         yield a
