@@ -501,6 +501,37 @@ def _pick_api_ssl_context(opts: Options) -> ssl.SSLContext | None:
     return ctx
 
 
+def _bind(server: ExtProcServer, host: str, port: int, what: str) -> int:
+    try:
+        return server.bind(host, port)
+    except OSError as e:
+        raise StartupError(f"cannot listen on {host}:{port} for {what}: {e}") from None
+
+
+def _pick_api_server(opts: Options, pick: PickServicer, guard: PickApiGuard, transport: str) -> tuple[Any, int]:
+    """The direct-routing API's own port (`--pick-api-port`), not yet started, and the port it is bound to."""
+    if transport == "asyncio":
+        server = ExtProcServer(
+            None,
+            bytes,
+            max_recv=opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+            max_send=opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
+            ssl_context=_pick_api_ssl_context(opts),
+            max_connections=_max_connections(opts),
+            unary=pick_api_methods(pick, guard),
+        )
+        return server, _bind(server, opts.bind_address, opts.pick_api_port, "the direct-routing API")
+    address = f"{opts.bind_address}:{opts.pick_api_port}"
+    grpc_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
+    grpc_server.add_generic_rpc_handlers((pick.handler(),))
+    creds = _pick_api_credentials(opts)
+    try:
+        port = grpc_server.add_secure_port(address, creds) if creds else grpc_server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise StartupError(f"cannot listen on {address} for the direct-routing API: {e}") from None
+    return grpc_server, port
+
+
 def pick_api_methods(pick: PickServicer, guard: PickApiGuard) -> dict[str, UnaryMethod]:
     """The direct-routing API's methods behind its guard, for the asyncio server."""
     return {
@@ -587,10 +618,7 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
             max_held=opts.max_held_request_bytes,
             unary=pick_api_methods(c.pick, guard) if shared_guard and guard is not None else None,
         )
-        try:
-            port = loop_server.bind(opts.bind_address, opts.grpc_port)
-        except OSError as e:
-            raise StartupError(f"cannot listen on {address} for ext_proc: {e}") from None
+        port = _bind(loop_server, opts.bind_address, opts.grpc_port, "ext_proc")
         servers.append(loop_server)
     else:
         creds = _credentials(opts)
@@ -608,34 +636,8 @@ async def serve(opts: Options, stop: asyncio.Event | None = None) -> None:
         servers.append(server)
     pick_port = port if shared_guard else 0
     if guard is not None and opts.pick_api_port:
-        pick_address = f"{opts.bind_address}:{opts.pick_api_port}"
-        if transport == "asyncio":
-            pick_loop_server = ExtProcServer(
-                None,
-                bytes,
-                max_recv=opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
-                max_send=opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
-                ssl_context=_pick_api_ssl_context(opts),
-                max_connections=_max_connections(opts),
-                unary=pick_api_methods(c.pick, guard),
-            )
-            try:
-                pick_port = pick_loop_server.bind(opts.bind_address, opts.pick_api_port)
-            except OSError as e:
-                raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
-            servers.append(pick_loop_server)
-        else:
-            pick_server = grpc.aio.server(options=grpc_server_options(opts), interceptors=(guard,))
-            pick_server.add_generic_rpc_handlers((c.pick.handler(),))
-            pick_creds = _pick_api_credentials(opts)
-            try:
-                if pick_creds is not None:
-                    pick_port = pick_server.add_secure_port(pick_address, pick_creds)
-                else:
-                    pick_port = pick_server.add_insecure_port(pick_address)
-            except RuntimeError as e:
-                raise StartupError(f"cannot listen on {pick_address} for the direct-routing API: {e}") from None
-            servers.append(pick_server)
+        pick_server, pick_port = _pick_api_server(opts, c.pick, guard, transport)
+        servers.append(pick_server)
     if guard is not None and opts.pick_api_token_review and not (pick_port != port and opts.pick_api_client_ca_file):
         if not opts.secure_serving:
             log.warning("pick_api_tokens_over_plaintext: bearer tokens travel unencrypted; use --secure-serving")

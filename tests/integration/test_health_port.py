@@ -35,11 +35,12 @@ def test_the_health_port_is_served_by_the_chosen_transport(transport: str) -> No
 
 
 def test_the_direct_routing_api_is_served_without_grpcio_by_default(tmp_path: Path) -> None:
-    """With the API on its own mTLS port, the default transport serves it too: a certified client lists the
-    endpoints, and the process still runs none of grpcio's threads."""
+    """With the API on its own mTLS port, the default transport serves it too: a certified client's call is
+    answered, and the process still runs none of grpcio's threads."""
     access = PickApiAccess(tmp_path)
     with EppProcess("--endpoints", "127.0.0.1:1,127.0.0.1:2", *access.args) as epp:
         with access.channel() as channel:
             reply = access.stub(channel).ListEndpoints(pb.ListEndpointsRequest(), timeout=10)
-        assert {e.hostport for e in reply.endpoints} == {"127.0.0.1:1", "127.0.0.1:2"}
+        # nothing listens at either address: whether they are listed yet depends on the first scrapes
+        assert {e.hostport for e in reply.endpoints} <= {"127.0.0.1:1", "127.0.0.1:2"}
         assert not {name for name in thread_names(epp.pid) if name.startswith(("grpc", "event_engine"))}
