@@ -491,14 +491,13 @@ def _pick_api_ssl_context(opts: Options) -> ssl.SSLContext | None:
     if not opts.pick_api_client_ca_file:
         return _ssl_context(opts)
     ca = _pick_api_client_ca(opts)
-    cert, key = _cert_and_key(opts)
+    ciphers = grpc_cipher_list(opts.tls_cipher_suites)
     try:
-        ctx = server_context(cert, key, grpc_cipher_list(opts.tls_cipher_suites))
-        ctx.load_verify_locations(cadata=ca.decode("ascii", "replace"))
-    except (CertificateError, ssl.SSLError) as e:
-        raise StartupError(f"--pick-api-client-ca-file {opts.pick_api_client_ca_file}: {e}") from None
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
+        if opts.cert_path and opts.enable_cert_reload:
+            return ReloadingContext(opts.cert_path, ciphers, client_ca=ca).context
+        return server_context(*_cert_and_key(opts), ciphers, client_ca=ca)
+    except CertificateError as e:
+        raise StartupError(f"the direct-routing API's TLS (--pick-api-client-ca-file, --cert-path): {e}") from None
 
 
 def _bind(server: ExtProcServer, host: str, port: int, what: str) -> int:

@@ -22,10 +22,17 @@ from llm_epp.security.tls import CertificateError
 log = logging.getLogger(__name__)
 
 
-def server_context(cert: bytes, key: bytes, ciphers: str = "") -> ssl.SSLContext:
+def server_context(cert: bytes, key: bytes, ciphers: str = "", client_ca: bytes | None = None) -> ssl.SSLContext:
     """A server context for the PEM pair; `ciphers` an OpenSSL list of TLS 1.2 suites ("" keeps the
-    library's defaults). Raises CertificateError when the pair does not load."""
+    library's defaults); with `client_ca` (PEM) the handshake completes only for a client certificate that CA
+    signed. Raises CertificateError when the pair or the CA does not load."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if client_ca is not None:
+        try:
+            ctx.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
+        except ssl.SSLError as e:
+            raise CertificateError(f"cannot load the client CA: {e.reason or e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["h2"])
     if ciphers:
@@ -46,10 +53,11 @@ def server_context(cert: bytes, key: bytes, ciphers: str = "") -> ssl.SSLContext
 class ReloadingContext:
     """`context` serves the pair in `cert_dir` and follows its changes (see the module's docstring)."""
 
-    def __init__(self, cert_dir: str | Path, ciphers: str = "") -> None:
+    def __init__(self, cert_dir: str | Path, ciphers: str = "", client_ca: bytes | None = None) -> None:
         self._files = PairFiles(cert_dir)
         self._ciphers = ciphers
-        self.context = server_context(*self._files.initial, ciphers)
+        self._client_ca = client_ca  # every context built keeps requiring (and trusting) it
+        self.context = server_context(*self._files.initial, ciphers, client_ca)
         self.context.sni_callback = self._on_hello
         self._current = self.context
 
@@ -58,7 +66,7 @@ class ReloadingContext:
         return self._files.reloads
 
     def _build(self, cert: bytes, key: bytes) -> ssl.SSLContext:
-        return server_context(cert, key, self._ciphers)
+        return server_context(cert, key, self._ciphers, self._client_ca)
 
     def _on_hello(self, conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
         try:

@@ -31,6 +31,7 @@ from llm_epp.observability.health import (
 from llm_epp.observability.stream_metrics import StreamMetrics
 from llm_epp.security.server_ssl import ReloadingContext, server_context
 from llm_epp.security.tls import CertificateError, self_signed
+from tests.support.certs import TestCA
 from tests.unit.security.tls_probe import der, secure_channel, served, write_pair
 
 EOF = grpc.aio.EOF
@@ -359,5 +360,38 @@ async def test_reload_new_connections_get_the_new_pair_open_streams_continue(tmp
         assert await call.read() == b"AFTER"
         await call.done_writing()
         await old.close()
+    finally:
+        await server.stop(None)
+
+
+async def test_a_reloaded_pair_keeps_requiring_a_client_certificate_of_the_ca(tmp_path: Path) -> None:
+    """The direct-routing API's own port with `--pick-api-client-ca-file` and `--enable-cert-reload`: after a
+    new pair is taken, a client certificate the CA signed is still required, and still enough."""
+    ca = TestCA()
+    first, second, caller = ca.issue("localhost", server=True), ca.issue("localhost", server=True), ca.issue("caller")
+    write_pair(tmp_path, (first.cert, first.key))
+    reloading = ReloadingContext(tmp_path, client_ca=ca.pem)
+    server = await _serve(Upper(), ssl_context=reloading.context)
+    certified = grpc.ssl_channel_credentials(
+        root_certificates=ca.pem, private_key=caller.key, certificate_chain=caller.cert
+    )
+    try:
+        for pair in (first, second):
+            if pair is second:
+                write_pair(tmp_path, (second.cert, second.key))
+                assert (await asyncio.to_thread(served, server.port))[0] == der(second.cert)
+            override = (("grpc.ssl_target_name_override", "localhost"),)
+            async with grpc.aio.secure_channel(f"127.0.0.1:{server.port}", certified, options=override) as ch:
+                call = _stream(ch)
+                await call.write(b"certified")
+                assert await call.read() == b"CERTIFIED"
+                await call.done_writing()
+            async with secure_channel(server.port, ca.pem) as anonymous:  # trusts the server, shows no certificate
+                call = _stream(anonymous)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call.write(b"anonymous")
+                    await call.read()
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert reloading.reloads == 1
     finally:
         await server.stop(None)
