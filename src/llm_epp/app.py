@@ -312,17 +312,18 @@ def _credentials(opts: Options) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-def _ssl_context(opts: Options) -> ssl.SSLContext | None:
-    """TLS of the ext_proc port served in the event loop (`--grpc-transport asyncio`): the same pair and
-    policy as `_credentials`."""
-    pair = _tls_pair(opts)
+def _ssl_context(opts: Options, client_ca: bytes | None = None) -> ssl.SSLContext | None:
+    """TLS of a port served in the event loop (`--grpc-transport asyncio`): the same pair and policy as
+    `_credentials`, reloaded with `--enable-cert-reload`. With `client_ca` (the direct-routing API's own port)
+    TLS is on whatever `--secure-serving` says, and only clients that CA certified complete the handshake."""
+    pair = _tls_pair(opts) if client_ca is None else _cert_and_key(opts)
     if pair is None:
         return None
     ciphers = grpc_cipher_list(opts.tls_cipher_suites)
     try:
         if opts.cert_path and opts.enable_cert_reload:
-            return ReloadingContext(opts.cert_path, ciphers).context
-        return server_context(*pair, ciphers)
+            return ReloadingContext(opts.cert_path, ciphers, client_ca=client_ca).context
+        return server_context(*pair, ciphers, client_ca=client_ca)
     except CertificateError as e:
         raise StartupError(str(e)) from None
 
@@ -485,21 +486,6 @@ def _pick_api_credentials(opts: Options) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-def _pick_api_ssl_context(opts: Options) -> ssl.SSLContext | None:
-    """The API's own port on asyncio: mTLS when a client CA is given (the handshake completes only for a
-    certificate it signed), else the ext_proc port's TLS setting."""
-    if not opts.pick_api_client_ca_file:
-        return _ssl_context(opts)
-    ca = _pick_api_client_ca(opts)
-    ciphers = grpc_cipher_list(opts.tls_cipher_suites)
-    try:
-        if opts.cert_path and opts.enable_cert_reload:
-            return ReloadingContext(opts.cert_path, ciphers, client_ca=ca).context
-        return server_context(*_cert_and_key(opts), ciphers, client_ca=ca)
-    except CertificateError as e:
-        raise StartupError(f"the direct-routing API's TLS (--pick-api-client-ca-file, --cert-path): {e}") from None
-
-
 def _bind(server: ExtProcServer, host: str, port: int, what: str) -> int:
     try:
         return server.bind(host, port)
@@ -515,7 +501,7 @@ def _pick_api_server(opts: Options, pick: PickServicer, guard: PickApiGuard, tra
             bytes,
             max_recv=opts.grpc_max_recv_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
             max_send=opts.grpc_max_send_msg_size or DEFAULT_GRPC_MAX_MSG_BYTES,
-            ssl_context=_pick_api_ssl_context(opts),
+            ssl_context=_ssl_context(opts, _pick_api_client_ca(opts) if opts.pick_api_client_ca_file else None),
             max_connections=_max_connections(opts),
             unary=pick_api_methods(pick, guard),
         )

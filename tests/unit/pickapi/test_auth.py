@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -72,9 +71,7 @@ class Api:
             context = None
             if ca is not None:
                 server_cert = ca.issue("localhost", server=True)
-                context = server_context(server_cert.cert, server_cert.key)
-                context.load_verify_locations(cadata=ca.pem.decode())
-                context.verify_mode = ssl.CERT_REQUIRED
+                context = server_context(server_cert.cert, server_cert.key, client_ca=ca.pem)
             methods = pick_api_methods(self.servicer, self.guard)
             self.server = ExtProcServer(
                 None, bytes, max_recv=1 << 22, max_send=1 << 22, ssl_context=context, unary=methods
