@@ -70,8 +70,12 @@ FLUSH_AT = 64 << 10  # output held for the end of the loop pass, at most; more i
 PREFACE_TIMEOUT_S = 20.0  # a connection that has not sent the client preface by then is closed
 ERROR_LOG_INTERVAL_S = 10.0  # connection errors: one INFO line per interval, the others at VERBOSE
 
-# Connection errors and refusals: any client that can connect can cause them, and must not flood the log.
+# Connection errors and refusals: any client that can connect can cause them, and must not flood the log. Each
+# kind has a budget of its own, so that a flood of one (garbage connections) cannot push the others (the server's
+# limits being reached, which the operator must see) down to VERBOSE.
 log_connection_error = InfoOncePerInterval(log, ERROR_LOG_INTERVAL_S).log
+log_stream_refused = InfoOncePerInterval(log, ERROR_LOG_INTERVAL_S).log
+log_connection_refused = InfoOncePerInterval(log, ERROR_LOG_INTERVAL_S).log
 
 
 class StreamCount:
@@ -635,7 +639,7 @@ class Http2Connection(asyncio.Protocol):
         total = self.open_streams
         if self._goaway or len(self.streams) >= self._stream_limit or (total.limit and total.open >= total.limit):
             if not self._goaway and len(self.streams) < self._stream_limit:
-                log_connection_error(
+                log_stream_refused(
                     "grpc_stream_refused open_streams=%d limit=%d (--grpc-max-streams): a stream past the limit "
                     "is refused (REFUSED_STREAM)",
                     total.open,

@@ -58,7 +58,7 @@ from llm_epp.extproc.http2 import (
     Stream,
     StreamCount,
     goodbye,
-    log_connection_error,
+    log_connection_refused,
 )
 from llm_epp.observability.health import (
     SERVICE as HEALTH_SERVICE,
@@ -308,7 +308,7 @@ class ExtProcServer:
     def _connection(self) -> asyncio.Protocol:
         if self.max_connections and len(self._connections) >= self.max_connections:
             self.refused_connections += 1
-            log_connection_error(
+            log_connection_refused(
                 "grpc_connection_refused port=%d connections=%d limit=%d (--grpc-max-connections): a connection "
                 "past the limit is closed at once",
                 self.port,

@@ -632,6 +632,43 @@ async def test_connection_errors_log_one_info_line_per_interval(monkeypatch: Any
     assert "not an HTTP/2 client preface" in errors[0].getMessage()
 
 
+async def test_a_flood_of_bad_connections_does_not_hide_the_limits_being_reached(monkeypatch: Any, caplog: Any) -> None:
+    from llm_epp.extproc import http2_server
+
+    for log in (http2.log_connection_error, http2.log_stream_refused, http2_server.log_connection_refused):
+        monkeypatch.setattr(log.__self__, "_last", None)  # the budgets as a new process has them
+    caplog.set_level(VERBOSE, logger=http2.log.name)
+    process = Echo()
+    process.hold = asyncio.Event()  # the first stream stays open
+    async with serving(process, max_connections=2, max_open_streams=1) as server:
+        for _ in range(3):
+            garbage = await RawClient.open(server.port, preface=b"GET / HTTP/1.1\r\n\r\n")
+            assert await garbage.goaway_code() == http2.PROTOCOL_ERROR
+            await garbage.close()
+        a = await RawClient.open(server.port)
+        a.headers(1)
+        await _until(lambda: server.open_streams.open == 1, "one open stream")
+        a.headers(3)  # past --grpc-max-streams
+        _, payload = await a.until(http2.RST_STREAM)
+        assert int.from_bytes(payload, "big") == http2.REFUSED_STREAM
+        b = await RawClient.open(server.port)
+        await _until(lambda: len(server._connections) == 2, "two connections")
+        c = await RawClient.open(server.port)  # past --grpc-max-connections
+        assert await c.goaway_code() == http2.ENHANCE_YOUR_CALM
+        process.hold.set()
+        for client in (a, b, c):
+            await client.close()
+    levels = {
+        kind: [r.levelno for r in caplog.records if r.getMessage().startswith(kind)]
+        for kind in ("http2_connection_error", "grpc_stream_refused", "grpc_connection_refused")
+    }
+    assert levels == {
+        "http2_connection_error": [logging.INFO, VERBOSE, VERBOSE],
+        "grpc_stream_refused": [logging.INFO],
+        "grpc_connection_refused": [logging.INFO],
+    }
+
+
 async def test_streams_past_the_servers_limit_are_refused_across_connections() -> None:
     process = Echo()
     process.hold = asyncio.Event()  # handlers wait: their streams stay open
