@@ -21,6 +21,7 @@ per block / requests; the report gives min, first quartile and median of the blo
     python -m benchmarks.request_cost --profile out.pstats             # cProfile of this checkout
     python -m benchmarks.request_cost --cold-cache 16                  # each request with cold CPU caches
     python -m benchmarks.request_cost --idle-gap 10                    # each request after 10 ms idle
+    python -m benchmarks.request_cost --idle-gap 10 --gap spin         # after 10 ms of a busy loop instead
     python -m benchmarks.request_cost --beside-trivial                 # and the trivial picker's handler
     [--workload small|chat] [--tracing on|off] [--blocks 60] [--block 100] [--warmup 10] [--seed 1]
 
@@ -28,7 +29,8 @@ Behind Envoy a request's Python code runs with cold CPU caches (the gateway, gRP
 since the last one), and there it costs about twice what it costs in a tight loop; `--cold-cache` reproduces
 that, so changes that touch less memory show their worth in process. At low rates the process is also idle
 between requests; `--idle-gap` sleeps before each one (10 ms: 100 requests/s), which on a virtual machine costs
-the next request more than cold caches alone do.
+the next request more than cold caches alone do. `--gap spin` fills the same gap with a busy loop instead, to
+tell the process's sleep apart from the time passing on the machine.
 """
 
 from __future__ import annotations
@@ -175,16 +177,21 @@ class _Trivial:
         pass
 
 
+_GAP_WORDS = {"sleep": "idle", "spin": "spinning"}
+
+
 async def _block(
     version: _Version | _Trivial,
     streams: list[list[Any]],
     eof: object,
     evict: bytearray | None = None,
     gap: float = 0.0,
+    spin: bool = False,
 ) -> float:
     """CPU seconds per request of one block. With `evict`, every request starts with cold CPU caches: the
     buffer is written through before it. With `gap`, the loop sleeps that long before each request, as between
-    two requests of a quiet gateway. Both are untimed; each request is then timed on its own."""
+    two requests of a quiet gateway, or with `spin` stays busy that long in a loop that reads the clock and
+    touches nothing else. All are untimed; each request is then timed on its own."""
     process = version.process
     if evict is None and not gap:
         t0 = time.process_time()
@@ -201,7 +208,10 @@ async def _block(
     for messages in streams:
         stream = _Stream(messages, eof)
         if gap:
-            await asyncio.sleep(gap)
+            if spin:
+                _spin(gap)
+            else:
+                await asyncio.sleep(gap)
         if evict is not None:
             evict[::64] = line  # one byte in every 64-byte cache line
         t0 = clock()
@@ -212,6 +222,12 @@ async def _block(
     t0 = clock()
     version.flush()
     return (spent + clock() - t0) / len(streams)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
@@ -244,7 +260,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             v.activate()
             if profiler is not None and b >= args.warmup:
                 profiler.enable()
-            per_request = await _block(v, chunk, eof, evict, args.idle_gap / 1000.0)
+            per_request = await _block(v, chunk, eof, evict, args.idle_gap / 1000.0, args.gap == "spin")
             if profiler is not None:
                 profiler.disable()
             if b >= args.warmup:
@@ -254,7 +270,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     out = [
         f"workload {args.workload}, tracing {args.tracing}, "
         + (f"cold caches ({args.cold_cache} MiB written before each request), " if args.cold_cache else "")
-        + (f"{args.idle_gap:g} ms idle before each request, " if args.idle_gap else "")
+        + (f"{args.idle_gap:g} ms {_GAP_WORDS[args.gap]} before each request, " if args.idle_gap else "")
         + f"{args.blocks} blocks of {args.block} requests "
         f"(after {args.warmup} warm-up blocks); load average {os.getloadavg()[0]:.1f} at the end",
         "",
@@ -308,7 +324,17 @@ def main(argv: list[str] | None = None) -> int:
         help="sleep MS milliseconds before each request (untimed), as between two requests at 1000/MS requests "
         "per second; the request then runs after the process was idle (default 0: back to back)",
     )
+    p.add_argument(
+        "--gap",
+        choices=("sleep", "spin"),
+        default="sleep",
+        help="how the --idle-gap passes: the event loop sleeps (default), or the process spins in a busy loop "
+        "that only reads the clock, so that it never sleeps; if a request costs as much after a spin as after a "
+        "sleep, what makes it slower is the time that passed on the machine, not the process being idle",
+    )
     args = p.parse_args(argv)
+    if args.gap == "spin" and not args.idle_gap:
+        p.error("--gap spin: give the length of the gap with --idle-gap MS")
     if args.cold_cache < 0:
         p.error("--cold-cache: give a size in MiB, 0 or more")
     if args.idle_gap < 0:

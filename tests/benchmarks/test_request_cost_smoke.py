@@ -59,6 +59,11 @@ def test_request_cost_beside_the_trivial_picker_after_idle_gaps() -> None:
     assert re.search(r"new / trivial: [\d.]+, [\d.]+, [\d.]+ \(min, q1, median\)", report)
     refused = request_cost("--idle-gap", "-1", timeout=60)
     assert refused.returncode == 2 and "--idle-gap: give a time in milliseconds" in refused.stderr
+    spun = request_cost(*args, "--gap", "spin")
+    assert spun.returncode == 0, spun.stdout[-3000:] + spun.stderr[-3000:]
+    assert "1 ms spinning before each request" in spun.stderr
+    refused = request_cost("--gap", "spin", timeout=60)
+    assert refused.returncode == 2 and "--gap spin: give the length of the gap with --idle-gap MS" in refused.stderr
 
 
 def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
@@ -88,3 +93,33 @@ def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
     per_request = asyncio.run(rc._block(Version(), [["m1"], ["m2"], ["m3"]], None, None, 0.004))  # type: ignore[arg-type]
     assert events == ["sleep 0.004", "request"] * 3
     assert per_request >= 0
+
+
+def test_a_spun_gap_keeps_the_process_busy_instead_of_sleeping(monkeypatch: Any) -> None:
+    from benchmarks import request_cost as rc
+
+    events: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        events.append(f"sleep {seconds}")
+
+    monkeypatch.setattr(rc.asyncio, "sleep", sleep)
+    monkeypatch.setattr(rc, "_spin", lambda seconds: events.append(f"spin {seconds}"))
+
+    class Version:
+        label, blocks = "v", []
+
+        @staticmethod
+        async def process(_requests: Any, stream: Any) -> None:
+            while (await stream.read()) is not None:
+                pass
+            events.append("request")
+            await stream.write(b"a")
+            await stream.write(b"b")
+
+        @staticmethod
+        def flush() -> None:
+            pass
+
+    asyncio.run(rc._block(Version(), [["m1"], ["m2"]], None, None, 0.004, spin=True))  # type: ignore[arg-type]
+    assert events == ["spin 0.004", "request"] * 2  # never the event loop's sleep
