@@ -710,6 +710,12 @@ class Http2Connection(asyncio.Protocol):
             if stream.remote_ended:
                 self._close(stream)
             return  # a client still sending after status OK is read to its end (and ignored)
+        finally:
+            # The stream lets go of its task once the task is done. Otherwise every cancelled stream (Envoy
+            # resets each one once its response has passed) is a reference cycle: the task keeps its
+            # CancelledError, whose traceback keeps this frame, which keeps the stream. Only the collector could
+            # free those, and its full passes stall the event loop for milliseconds.
+            stream.task = None
         self._end(stream)
 
     # --- stream ends ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ ends its stream or its connection with the protocol's error code, never more buf
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -667,6 +668,32 @@ async def test_a_flood_of_bad_connections_does_not_hide_the_limits_being_reached
         "grpc_stream_refused": [logging.INFO],
         "grpc_connection_refused": [logging.INFO],
     }
+
+
+async def test_streams_the_client_cancels_leave_no_garbage_for_the_collector() -> None:
+    """Envoy resets every ext_proc stream once its response has passed, which cancels the stream's task. What
+    the stream held must then be freed at once: a reference cycle (the task's CancelledError -> its traceback
+    -> the stream -> the task) would leave it all for the collector, whose full passes stall the event loop."""
+    process = Echo()
+    process.hold = asyncio.Event()  # every handler waits until its stream is cancelled
+    gc.collect()
+    gc.disable()
+    try:
+        async with serving(process) as server:
+            client = await RawClient.open(server.port)
+            for stream_id in range(1, 41, 2):
+                client.headers(stream_id)
+            await _until(lambda: server.open_streams.open == 20, "twenty open streams")
+            for stream_id in range(1, 41, 2):
+                client.send(http2.RST_STREAM, 0, stream_id, http2.CANCEL.to_bytes(4, "big"))
+            await _until(lambda: server.open_streams.open == 0, "the cancelled streams to end")
+            for _ in range(3):
+                await asyncio.sleep(0)  # the cancelled tasks finish
+            alive = [o for o in gc.get_objects() if type(o) is http2.Stream]
+            assert alive == []
+            await client.close()
+    finally:
+        gc.enable()
 
 
 async def test_streams_past_the_servers_limit_are_refused_across_connections() -> None:
