@@ -66,13 +66,8 @@ def test_request_cost_beside_the_trivial_picker_after_idle_gaps() -> None:
     assert refused.returncode == 2 and "--gap spin: give the length of the gap with --idle-gap MS" in refused.stderr
 
 
-def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
-    from benchmarks import request_cost as rc
-
-    events: list[str] = []
-
-    async def sleep(seconds: float) -> None:
-        events.append(f"sleep {seconds}")
+def _recording_version(events: list[str]) -> Any:
+    """A stand-in for one measured version: it reads a request, notes it in ``events`` and answers twice."""
 
     class Version:
         label, blocks = "v", []
@@ -89,8 +84,19 @@ def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
         def flush() -> None:
             pass
 
+    return Version()
+
+
+def test_each_request_of_a_block_follows_its_idle_gap(monkeypatch: Any) -> None:
+    from benchmarks import request_cost as rc
+
+    events: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        events.append(f"sleep {seconds}")
+
     monkeypatch.setattr(rc.asyncio, "sleep", sleep)
-    per_request = asyncio.run(rc._block(Version(), [["m1"], ["m2"], ["m3"]], None, None, 0.004))  # type: ignore[arg-type]
+    per_request = asyncio.run(rc._block(_recording_version(events), [["m1"], ["m2"], ["m3"]], None, None, 0.004))
     assert events == ["sleep 0.004", "request"] * 3
     assert per_request >= 0
 
@@ -106,20 +112,5 @@ def test_a_spun_gap_keeps_the_process_busy_instead_of_sleeping(monkeypatch: Any)
     monkeypatch.setattr(rc.asyncio, "sleep", sleep)
     monkeypatch.setattr(rc, "_spin", lambda seconds: events.append(f"spin {seconds}"))
 
-    class Version:
-        label, blocks = "v", []
-
-        @staticmethod
-        async def process(_requests: Any, stream: Any) -> None:
-            while (await stream.read()) is not None:
-                pass
-            events.append("request")
-            await stream.write(b"a")
-            await stream.write(b"b")
-
-        @staticmethod
-        def flush() -> None:
-            pass
-
-    asyncio.run(rc._block(Version(), [["m1"], ["m2"]], None, None, 0.004, spin=True))  # type: ignore[arg-type]
+    asyncio.run(rc._block(_recording_version(events), [["m1"], ["m2"]], None, None, 0.004, spin=True))
     assert events == ["spin 0.004", "request"] * 2  # never the event loop's sleep
