@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`{command_line('benchmarks.hop_latency', argv).strip()}`; {machine()}",
         "",
         f"{args.rate:g} req/s open loop, {args.duration:g} s x {args.rounds} rounds per target, targets alternating; "
-        "response body mode NONE everywhere; added = the target's percentile minus ROUND_ROBIN's.",
+        "response body mode NONE everywhere; latency from each request's intended send time (the load generator's "
+        "lag, common to every target, included); added = the target's percentile minus ROUND_ROBIN's.",
         "",
         "| target | failed | p50 ms | p90 ms | p99 ms | added p50 / p99 ms | picker CPU ms per request |",
         "|---|---:|---:|---:|---:|---|---:|",
