@@ -101,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(gateway)
             if picker_pid is not None:
                 gateway.wait_cluster_healthy("epp", timeout=30)
-        for i, (gateway, _) in enumerate(targets.values()):  # warm-up: connections, the first picks
+        for i, (name, (gateway, _)) in enumerate(targets.items()):  # warm-up: connections, the first picks
             if args.warmup:
                 bodies = prompt_bodies(args.seed, f"w{i}", args.warmup)
-                run_open_loop("127.0.0.1", gateway.listen_port, "/v1/completions", bodies, 200)
+                warm = run_open_loop("127.0.0.1", gateway.listen_port, "/v1/completions", bodies, 200)
+                print(f"  warm-up: {name}: {warm.ok} ok, {warm.failed} failed", file=sys.stderr, flush=True)
         for rnd in range(args.rounds):
             for i, (name, (gateway, measured)) in enumerate(targets.items()):
                 assert gateway.proc is not None
