@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 from benchmarks.hop_latency import FLOOR, RR, TRIVIAL, VARIANTS
+from tests.support.benchmark import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
 # | target | failed | p50 | p90 | p99 | added p50 / p99 | picker CPU |
 ROW = re.compile(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| (\S+ / \S+|-) \| ([\d.]+|-) \|$")
 
 
 def hop_latency(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.hop_latency", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_benchmark("hop_latency", *args, timeout=timeout)
 
 
 def test_every_processing_mode_and_picker_gets_a_row_with_no_failure() -> None:

@@ -6,21 +6,14 @@ import asyncio
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchmark import ROOT, run_benchmark
 
 
 def request_cost(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.request_cost", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_benchmark("request_cost", *args, timeout=timeout)
 
 
 def test_request_cost_runs_two_versions_side_by_side(tmp_path: Path) -> None:
