@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-slo bench-overload bench-precise bench-memory proto clean
+.PHONY: test lint typecheck imports unit demo bench-smoke bench-quality bench-calibrate bench-live bench-overhead bench-scale bench-chaos bench-director bench-pd bench-workers bench-worker-ceiling bench-slo bench-overload bench-precise bench-memory proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,9 @@ bench-overhead: $(STAMP)  # added latency and EPP CPU vs Envoy round robin and s
 
 bench-workers: $(STAMP)  # 1 vs 2 ext_proc worker processes through Envoy, pinned and unpinned (~3 min)
 	nice -n 10 $(BIN)/python -m benchmarks.workers --output benchmarks/results/workers.md
+
+bench-worker-ceiling: $(STAMP)  # per-core ceilings of one process, a front and the serving process, h2load, no Envoy (~2 min)
+	nice -n 10 $(BIN)/python -m benchmarks.worker_ceiling --rounds 3
 
 bench-scale: $(STAMP)  # scheduler cost 8..1024 endpoints x 1k..128k tokens, scrape cost (~10 min)
 	$(BIN)/python -m benchmarks.scale
