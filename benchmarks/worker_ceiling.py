@@ -26,7 +26,8 @@ From the CPU per request of each kind of process at full load it projects, for N
 min(N x front, serving process) against the single process on one core: the serving process runs every
 Director call, so it is the one part that more workers do not multiply.
 
-    python -m benchmarks.worker_ceiling [--duration 6] [--rounds 2] [--streams 64] [--output FILE]
+    python -m benchmarks.worker_ceiling [--workload small|chat] [--duration 6] [--rounds 2] [--streams 64]
+        [--output FILE]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import Any
 
 from benchmarks.overhead import cpu_seconds, direct_response_backends
 from benchmarks.report import command_line, machine
-from benchmarks.request_cost import SMALL_BODY, _messages
+from benchmarks.request_cost import _bodies, _messages
 from benchmarks.workers import ALL, pin
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
@@ -58,9 +59,12 @@ DROPPED = (("request", "x-request-id"), ("response", "content-length"))
 FIRST_STREAM_S = 25  # the first stream of a port waits 10 s for a reset; h2load's deadline for it
 
 
-def request_stream() -> bytes:
-    """The three ext_proc messages of one request, each gRPC-framed (flag byte, 4-byte length, message)."""
-    messages = _messages(0, "/v1/completions", SMALL_BODY)
+def request_stream(workload: str = "small") -> bytes:
+    """The three ext_proc messages of one request, each gRPC-framed (flag byte, 4-byte length, message).
+    `small` is the overhead benchmark's completion; `chat` one chat completion of `benchmarks.request_cost`
+    (a ~1,200-character system prompt and a ~600-character question: the prefix producer hashes ~30 blocks)."""
+    path, body = _bodies(workload, 1, 1)[0]
+    messages = _messages(0, path, body)
     for message, (side, name) in zip((messages[0], messages[2]), DROPPED, strict=True):
         headers = (message.request_headers if side == "request" else message.response_headers).headers
         kept = [hv for hv in headers.headers if hv.key != name]
@@ -255,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=6.0, help="seconds per measurement (default 6)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of alternating setups (default 2)")
+    p.add_argument("--workload", choices=("small", "chat"), default="small", help="the request (default small)")
     p.add_argument("--streams", type=int, default=64, help="streams in flight per ext_proc port (default 64)")
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
@@ -273,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = [
         f"## Ceilings per core, without Envoy\n\n`{command_line('benchmarks.worker_ceiling', argv)}`; {machine()}\n",
-        f"h2load on the ext_proc ports ({args.streams} streams in flight per port over 4 connections), "
+        f"Workload {args.workload}; h2load on the ext_proc ports ({args.streams} streams in flight per port over "
+        "4 connections), "
         f"{args.duration:g} s x {args.rounds} rounds per setup, default config, plaintext, 3 stand-in model "
         "servers scraped as usual. CPU per request is each process's own.\n",
     ]
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, EnvoyProcess(direct_response_backends(3)) as backends:
         workdir = Path(tmp)
         stream_file = workdir / "stream.bin"
-        stream_file.write_bytes(request_stream())
+        stream_file.write_bytes(request_stream(args.workload))
         addrs = [f"127.0.0.1:{port}" for port in backends.listener_ports.values()]
         assert backends.proc is not None
         pin(backends.proc.pid, {0})

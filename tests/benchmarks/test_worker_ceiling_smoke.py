@@ -35,14 +35,20 @@ def _names(headers: pb.HttpHeaders) -> set[str]:
     return {hv.key for hv in headers.headers.headers}
 
 
-def test_the_stream_is_one_request_as_envoy_sends_it_without_the_two_named_headers() -> None:
-    messages = [pb.ProcessingRequest.FromString(f) for f in _frames(request_stream())]
+@pytest.mark.parametrize(
+    ("workload", "path", "field"),
+    [("small", "/v1/completions", b'"prompt"'), ("chat", "/v1/chat/completions", b'"messages"')],
+)
+def test_the_stream_is_one_request_as_envoy_sends_it_without_the_two_named_headers(workload, path, field) -> None:
+    messages = [pb.ProcessingRequest.FromString(f) for f in _frames(request_stream(workload))]
     assert [m.WhichOneof("request") for m in messages] == ["request_headers", "request_body", "response_headers"]
     request, body, response = messages
     assert request.HasField("protocol_config")
     assert {":path", ":method", "content-type"} <= _names(request.request_headers)
+    paths = [hv.raw_value.decode() for hv in request.request_headers.headers.headers if hv.key == ":path"]
+    assert paths == [path]
     assert "x-request-id" not in _names(request.request_headers)
-    assert body.request_body.end_of_stream and b'"prompt"' in body.request_body.body
+    assert body.request_body.end_of_stream and field in body.request_body.body
     assert ":status" in _names(response.response_headers)
     assert "content-length" not in _names(response.response_headers)
 
