@@ -21,7 +21,8 @@ class RequestTrace(Protocol):
     def phase(
         self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
     ) -> None:
-        """A finished child span of the request's span."""
+        """A finished child span of the request's span. It may be exported only when the request ends, so
+        `attributes` must not change after the call."""
         ...
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None: ...

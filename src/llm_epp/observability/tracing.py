@@ -256,7 +256,11 @@ class UnsampledRequestTrace:
 
 
 class OtelRequestTrace:
-    __slots__ = ("_context", "_ended", "_propagator", "_recording", "_span", "_tracer")
+    """A sampled (or parent-decided) request's span. Its phases are kept as plain tuples and become SDK child
+    spans, with the times they were given, when the request ends: a request's path to its answers then pays
+    for one SDK span, not one per phase and plugin call."""
+
+    __slots__ = ("_context", "_ended", "_phases", "_propagator", "_recording", "_span", "_tracer")
 
     def __init__(
         self,
@@ -271,6 +275,7 @@ class OtelRequestTrace:
         self._context = context
         self._recording = span.is_recording()  # False when sampled out: only the context is propagated
         self._ended = False
+        self._phases: list[tuple[str, int, int, Mapping[str, AttributeValue] | None]] = []
 
     @property
     def recording(self) -> bool:
@@ -280,9 +285,8 @@ class OtelRequestTrace:
     def phase(
         self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
     ) -> None:
-        if self._recording:
-            child = self._tracer.start_span(name, context=self._context, start_time=start_ns, attributes=attributes)
-            child.end(end_time=end_ns)
+        if self._recording and not self._ended:
+            self._phases.append((name, start_ns, end_ns, attributes))
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         if self._recording:
@@ -300,6 +304,12 @@ class OtelRequestTrace:
             return
         self._ended = True
         if self._recording:
+            tracer, context = self._tracer, self._context
+            for name, start_ns, end_ns, attributes in self._phases:
+                tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes).end(
+                    end_time=end_ns
+                )
+            self._phases.clear()
             if status:
                 self._span.set_attribute("http.response.status_code", status)
             if error:

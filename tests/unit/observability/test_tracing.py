@@ -236,3 +236,28 @@ def test_the_plugin_span_recorder_hands_other_calls_straight_to_the_inner_record
     recorder = PluginSpanRecorder(inner)
     assert recorder.running_requests == inner.running_requests
     assert recorder.request_completed == inner.request_completed
+
+
+def test_phases_become_child_spans_with_their_own_times_when_the_request_ends() -> None:
+    """A sampled request's phases and plugin calls cost no SDK span on its way to its answers: they are
+    exported as the request's children, with the times they were given, once it ends; none after that."""
+    exported = InMemorySpanExporter()
+    tracer = build_tracer(True, {"OTEL_TRACES_SAMPLER_ARG": "1"}, processors=(SimpleSpanProcessor(exported),))
+    trace = tracer.start_request("r", {})
+    token = CURRENT_TRACE.set(trace)
+    try:
+        trace.phase("parse", 1_000, 2_000, {"model": "m"})
+        with_plugin_spans(NullRecorder(), tracer).plugin_duration("Scorer", TypedName("queue-scorer", "q"), 0.001)
+    finally:
+        CURRENT_TRACE.reset(token)
+    assert exported.get_finished_spans() == ()
+    trace.end(200)
+    trace.phase("late", 3_000, 4_000)
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    assert set(spans) == {"gateway.request", "parse", "plugin.Scorer"}
+    request = spans["gateway.request"]
+    parse = spans["parse"]
+    assert (parse.start_time, parse.end_time, dict(parse.attributes or {})) == (1_000, 2_000, {"model": "m"})
+    assert parse.parent is not None and parse.parent.span_id == request.context.span_id
+    assert spans["plugin.Scorer"].parent.span_id == request.context.span_id
+    assert dict(request.attributes or {})["http.response.status_code"] == 200
