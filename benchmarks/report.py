@@ -7,12 +7,14 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "command_line", "machine", "output_path"]
+__all__ = ["ROOT", "Outcome", "command_line", "emit", "keeping_partial_results", "machine", "output_path"]
 
 
 def output_path(given: str | Path | None, default: Path, smoke: bool) -> Path:
@@ -68,3 +70,33 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     """``python -m <module> <args>`` for the report, without this machine's paths."""
     args = list(argv) if argv is not None else sys.argv[1:]
     return " ".join(["python -m", module, *(_portable(a) for a in args)])
+
+
+@dataclass
+class Outcome:
+    """The exit status of a benchmark's measurements: 0, 130 (interrupted) or 1 (failed)."""
+
+    status: int = 0
+
+
+@contextmanager
+def keeping_partial_results(out: list[str]) -> Iterator[Outcome]:
+    """Runs the measurements; an interrupt or a failure ends them with a line in the report and the matching
+    exit status, and what was measured before it is still reported."""
+    outcome = Outcome()
+    try:
+        yield outcome
+    except KeyboardInterrupt:
+        out.append("(interrupted: partial results)\n")
+        outcome.status = 130
+    except Exception as e:
+        out.append(f"(failed: {e!r}; partial results)\n")
+        outcome.status = 1
+
+
+def emit(out: list[str], output: str | Path | None) -> None:
+    """Prints the report and, with `output` (the benchmark's --output), writes it there too."""
+    report = "\n".join(out)
+    print(report)
+    if output:
+        Path(output).write_text(report + "\n")

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overhead import cpu_seconds, direct_response_backends
-from benchmarks.report import command_line, machine
+from benchmarks.report import command_line, emit, keeping_partial_results, machine
 from benchmarks.request_cost import _bodies, _messages
 from benchmarks.workers import ALL, pin
 from llm_epp.gateway.envoy_process import EnvoyProcess
@@ -285,33 +285,27 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows = [Row(s) for s in SETUPS]
     t0 = time.monotonic()
-    status = 0
-    with tempfile.TemporaryDirectory() as tmp, EnvoyProcess(direct_response_backends(3)) as backends:
+    with (
+        keeping_partial_results(out) as outcome,
+        tempfile.TemporaryDirectory() as tmp,
+        EnvoyProcess(direct_response_backends(3)) as backends,
+    ):
         workdir = Path(tmp)
         stream_file = workdir / "stream.bin"
         stream_file.write_bytes(request_stream(args.workload))
         addrs = [f"127.0.0.1:{port}" for port in backends.listener_ports.values()]
         assert backends.proc is not None
         pin(backends.proc.pid, {0})
+        epps = start_epps(sorted({s.workers for s in SETUPS}), addrs, workdir, stream_file)
         try:
-            epps = start_epps(sorted({s.workers for s in SETUPS}), addrs, workdir, stream_file)
-            try:
-                for rnd in range(args.rounds):
-                    for row in rows if rnd % 2 == 0 else rows[::-1]:
-                        e = epps[row.setup.workers]
-                        run_setup(row, e.epp, e.ports, e.pids, stream_file, args)
-                        print(
-                            f"  round {rnd + 1}: {row.setup.name}: {row.rps[-1]:.0f} req/s", file=sys.stderr, flush=True
-                        )
-            finally:
-                for e in epps.values():
-                    e.epp.stop()
-        except KeyboardInterrupt:
-            out.append("(interrupted: partial results)\n")
-            status = 130
-        except Exception as e:
-            out.append(f"(failed: {e!r}; partial results)\n")
-            status = 1
+            for rnd in range(args.rounds):
+                for row in rows if rnd % 2 == 0 else rows[::-1]:
+                    e = epps[row.setup.workers]
+                    run_setup(row, e.epp, e.ports, e.pids, stream_file, args)
+                    print(f"  round {rnd + 1}: {row.setup.name}: {row.rps[-1]:.0f} req/s", file=sys.stderr, flush=True)
+        finally:
+            for e in epps.values():
+                e.epp.stop()
     render(rows, out)
     single, own, both = rows[0], rows[1], rows[2]
     if single.ms and own.ms and both.ms:
@@ -319,11 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         serving_ms = statistics.median(m[0] for m in both.ms)  # the serving process with both fronts loaded
         out.extend(projection(statistics.median(m[0] for m in single.ms), front_ms, serving_ms))
     out.append(f"Wall time {time.monotonic() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.")
-    report = "\n".join(out)
-    print(report)
-    if args.output:
-        Path(args.output).write_text(report + "\n")
-    return status
+    emit(out, args.output)
+    return outcome.status
 
 
 if __name__ == "__main__":

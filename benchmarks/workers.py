@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overhead import BODY, cpu_seconds, direct_response_backends
-from benchmarks.report import command_line, machine
+from benchmarks.report import command_line, emit, keeping_partial_results, machine
 from llm_epp.gateway.envoy_config import EnvoyConfigOptions, build_bootstrap
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
@@ -269,8 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     out.extend(hop_cost(args.hop_requests, 32))
     rows = [Row(s) for s in SETUPS]
     t0 = time.monotonic()
-    status = 0
-    with tempfile.TemporaryDirectory() as tmp, EnvoyProcess(direct_response_backends(3)) as backends:
+    with (
+        keeping_partial_results(out) as outcome,
+        tempfile.TemporaryDirectory() as tmp,
+        EnvoyProcess(direct_response_backends(3)) as backends,
+    ):
         workdir = Path(tmp)
         script = workdir / "post.lua"
         script.write_text(
@@ -278,24 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         addrs = [f"127.0.0.1:{port}" for port in backends.listener_ports.values()]
         assert backends.proc is not None
-        try:
-            for rnd in range(args.rounds):
-                for row in rows:
-                    run_setup(row, addrs, backends.proc.pid, script, args, workdir)
-                    print(f"  round {rnd + 1}: {row.setup.name}: {row.rps[-1]:.0f} req/s", file=sys.stderr, flush=True)
-        except KeyboardInterrupt:
-            out.append("(interrupted: partial results)\n")
-            status = 130
-        except Exception as e:
-            out.append(f"(failed: {e!r}; partial results)\n")
-            status = 1
+        for rnd in range(args.rounds):
+            for row in rows:
+                run_setup(row, addrs, backends.proc.pid, script, args, workdir)
+                print(f"  round {rnd + 1}: {row.setup.name}: {row.rps[-1]:.0f} req/s", file=sys.stderr, flush=True)
     render(rows, out)
     out.append(f"Wall time {time.monotonic() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.")
-    report = "\n".join(out)
-    print(report)
-    if args.output:
-        Path(args.output).write_text(report + "\n")
-    return status
+    emit(out, args.output)
+    return outcome.status
 
 
 if __name__ == "__main__":
