@@ -27,7 +27,7 @@ min(N x front, serving process) against the single process on one core: the serv
 Director call, so it is the one part that more workers do not multiply.
 
     python -m benchmarks.worker_ceiling [--workload small|chat] [--duration 6] [--rounds 2] [--streams 64]
-        [--output FILE]
+        [--epp-args "--tracing=true ..."] [--output FILE]
 """
 
 from __future__ import annotations
@@ -182,14 +182,17 @@ def run_setup(row: Row, epp: EppProcess, ports: list[int], pids: list[int], stre
         row.ms.append([u * 1000 / load.done for u in used])
 
 
-def start_epps(counts: Sequence[int], addrs: list[str], workdir: Path, stream_file: Path) -> dict[int, Started]:
-    """One EPP per worker count, each port warmed by one stream (the first waits 10 s; all wait together)."""
+def start_epps(
+    counts: Sequence[int], addrs: list[str], workdir: Path, stream_file: Path, extra: Sequence[str] = ()
+) -> dict[int, Started]:
+    """One EPP per worker count (`extra`: more `llm-epp serve` arguments), each port warmed by one stream (the
+    first waits 10 s; all wait together)."""
     started: dict[int, Started] = {}
     try:
         for workers in counts:
             epp = EppProcess(
                 "--endpoints", ",".join(addrs), "--secure-serving=false", "-v", "1", "--grpc-port", "0",
-                *(["--workers", str(workers)] if workers > 1 else []),
+                *(["--workers", str(workers)] if workers > 1 else []), *extra,
                 log_path=workdir / f"epp-{workers}.log", startup_timeout=120,
             )  # fmt: skip
             started[workers] = Started(epp, [], [])
@@ -261,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="rounds of alternating setups (default 2)")
     p.add_argument("--workload", choices=("small", "chat"), default="small", help="the request (default small)")
     p.add_argument("--streams", type=int, default=64, help="streams in flight per ext_proc port (default 64)")
+    p.add_argument(
+        "--epp-args",
+        default="",
+        help="more llm-epp serve arguments, space-separated (tracing is off unless they name --tracing)",
+    )
     p.add_argument("--output", help="also write the Markdown report here")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rounds < 1 or args.streams < 1:
@@ -280,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         f"## Ceilings per core, without Envoy\n\n`{command_line('benchmarks.worker_ceiling', argv)}`; {machine()}\n",
         f"Workload {args.workload}; h2load on the ext_proc ports ({args.streams} streams in flight per port over "
         "4 connections), "
-        f"{args.duration:g} s x {args.rounds} rounds per setup, default config, plaintext, 3 stand-in model "
+        f"{args.duration:g} s x {args.rounds} rounds per setup, default config, plaintext, "
+        f"{'llm-epp arguments `' + args.epp_args + '`' if args.epp_args else 'tracing off'}, 3 stand-in model "
         "servers scraped as usual. CPU per request is each process's own.\n",
     ]
     rows = [Row(s) for s in SETUPS]
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         addrs = [f"127.0.0.1:{port}" for port in backends.listener_ports.values()]
         assert backends.proc is not None
         pin(backends.proc.pid, {0})
-        epps = start_epps(sorted({s.workers for s in SETUPS}), addrs, workdir, stream_file)
+        epps = start_epps(sorted({s.workers for s in SETUPS}), addrs, workdir, stream_file, args.epp_args.split())
         try:
             for rnd in range(args.rounds):
                 for row in rows if rnd % 2 == 0 else rows[::-1]:
