@@ -33,7 +33,9 @@ SYSTEM = "You are a meticulous assistant for a travel agency. " * 120  # ~6,000 
 class WorkersGateway:
     """Envoy -> `llm-epp serve --workers 2` (every worker port an endpoint of the EPP cluster) -> backends."""
 
-    def __init__(self, backends: BackendPool, tmp: Path, *args: str, tls: bool = True) -> None:
+    def __init__(
+        self, backends: BackendPool, tmp: Path, *args: str, tls: bool = True, env: dict[str, str] | None = None
+    ) -> None:
         self.pick_api = PickApiAccess(tmp)  # its --cert-path is also the workers' ext_proc certificate
         self.epp = EppProcess(
             "--endpoints",
@@ -44,6 +46,7 @@ class WorkersGateway:
             *self.pick_api.args,
             *args,
             startup_timeout=120,  # three interpreters start (the serving process and two spawned workers)
+            env=env,
         ).start()
         self.worker_ports: list[int] = self.epp.ports["grpc_workers"]  # type: ignore[assignment]
         opts = EnvoyConfigOptions(
@@ -287,3 +290,51 @@ def test_a_second_signal_ends_the_drain_and_every_worker_stops_cleanly(backends:
         assert "worker_killed" not in log
     finally:
         gw.stop()
+
+
+def test_with_tracing_each_request_is_one_span_from_its_worker_with_the_directors_phases(
+    backends: BackendPool, tmp_path: Path
+) -> None:
+    """The worker that serves a stream makes and exports its span (continuing the client's trace); the serving
+    process's phases and plugin calls arrive as its children, and the pod joins the trace under that span."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    from tests.support.otlp_collector import running_collector
+
+    trace_id, client_span = "5bf92f3577b34da6a3ce929d0e0e4736", "a0f067aa0ba902b7"
+    backends.reset()
+    with running_collector() as (collector, port):
+        env = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+        }
+        gw = WorkersGateway(backends, tmp_path, "--tracing=true", env=env)
+        try:
+            with httpx.Client(timeout=30) as client:
+                r = client.post(
+                    gw.envoy.url("/v1/completions"),
+                    json={"model": "stub-model", "prompt": "trace me", "max_tokens": 2},
+                    headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+                )
+            assert r.status_code == 200, r.text
+
+            def ours(got: list[tuple[str, Span]]) -> dict[str, Span]:
+                return {span.name: span for _, span in got if span.trace_id.hex() == trace_id}
+
+            spans = ours(collector.wait_for(lambda got: {"gateway.request", "schedule"} <= set(ours(got))))
+        finally:
+            gw.stop()
+    request = spans["gateway.request"]
+    assert request.parent_span_id.hex() == client_span
+    assert {"parse", "schedule"} <= set(spans) and any(n.startswith("plugin.") for n in spans), sorted(spans)
+    for name, span in spans.items():
+        if name != "gateway.request":
+            assert span.parent_span_id == request.span_id, name
+            assert request.start_time_unix_nano <= span.start_time_unix_nano, name  # within the stream's span
+    served = [req for pod in backends.backends for req in pod.served_requests()]
+    assert len(served) == 1
+    _, pod_trace, parent, flags = served[0].headers["traceparent"].split("-")
+    assert (pod_trace, parent, flags) == (trace_id, request.span_id.hex(), "01")

@@ -63,12 +63,14 @@ async def _serve(spec: FrontSpec) -> None:
 
     from llm_epp.app import StartupError, _credentials, ext_proc_server, grpc_server_options
     from llm_epp.observability import HealthState, add_health_service
+    from llm_epp.observability.tracing import build_tracer, shutdown_tracer
     from llm_epp.workers.remote import RemoteDirector, WorkerServicer
 
     o = spec.opts
     loop = asyncio.get_running_loop()
     health = HealthState(leader_election=o.ha_enable_leader_election)
-    remote = RemoteDirector(health)
+    tracer = build_tracer(o.tracing)  # each request's span is made and exported by the front that serves it
+    remote = RemoteDirector(health, tracer)
     await loop.create_unix_connection(lambda: remote.conn, spec.socket_path)
     remote.conn.send_raw(spec.token)
     servicer = WorkerServicer(
@@ -98,6 +100,7 @@ async def _serve(spec: FrontSpec) -> None:
     except (OSError, RuntimeError, StartupError) as e:
         log.error("worker_start_failed worker=%d address=%s: %s", spec.index, address, e)
         remote.conn.close()
+        shutdown_tracer(tracer)
         raise SystemExit(3) from None
     await server.start()
     stop_grace: asyncio.Future[float | None] = loop.create_future()
@@ -114,9 +117,11 @@ async def _serve(spec: FrontSpec) -> None:
     if lost.done():
         log.error("worker_exiting worker=%d: the serving process went away", spec.index)
         await server.stop(None)
+        shutdown_tracer(tracer)
         raise SystemExit(4)
     await server.stop(stop_grace.result())
     lost.cancel()
     remote.conn.close()
     await asyncio.sleep(0)  # let the last finish messages go out
+    shutdown_tracer(tracer)  # exports the spans still buffered
     log.info("worker_stopped worker=%d", spec.index)

@@ -2,26 +2,29 @@
 the one Director, so all fronts share one scheduling state.
 
 Messages from a front (first item):
-- `r` (rid, request_id, headers, body, subset, id_generated): route; answered with `d` or `x`.
+- `r` (rid, request_id, headers, body, subset, id_generated, trace): route; answered with `d` or `x`. `trace` is
+  None when the front does not trace, else (recording, the front's trace context headers): the request's span
+  is the front's; the serving process times the Director's phases and sends them back with the decision.
 - `h` (rid, status, served_endpoint, streaming, headers, reply): response headers; answered with `h` when
   `reply`.
 - `f` (rid, complete, status, usage, response_bytes, reply): finish; answered with `f` when `reply`.
 - `c` (rid): the stream ended before its route was answered (cancel it, or end it if it was routed).
 - `e` (model, target, code): an error the front answered itself (413, 503 on held bytes), for metrics.
 - `p` (index, port): the front listens on `port`.
-Answers: `d` (rid, decision fields), `x` (rid, code, message, dropped reason), `h` (rid, headers, reader),
-`f` (rid, metadata); pushed: `H` (health fields) whenever they change."""
+Answers: `d` (rid, decision fields, phases or None), `x` (rid, code, message, dropped reason), `h` (rid,
+headers, reader), `f` (rid, metadata); pushed: `H` (health fields) whenever they change."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import pickle
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from llm_epp.framework import EppError, ErrorCode
-from llm_epp.framework.tracing import CURRENT_TRACE, RequestTrace
+from llm_epp.framework.tracing import CURRENT_TRACE, AttributeValue
 from llm_epp.observability import HealthState
 from llm_epp.requestcontrol.decision import Outcome, RequestDropped, RequestInput, ResponseSeen, RoutingDecision
 from llm_epp.requestcontrol.director import Director
@@ -44,7 +47,6 @@ class _Front:
         self.hub = hub
         self.conn = FrameConnection(self.on_message, self.on_lost, token=hub.token)
         self.routing: dict[int, asyncio.Task[None]] = {}
-        self.traces: dict[int, RequestTrace] = {}
         self.handles: dict[int, RequestHandle] = {}
         self.index = -1
         self.port = 0
@@ -56,7 +58,7 @@ class _Front:
         if kind == "r":
             rid = m[1]
             inp = RequestInput(m[2], m[3], m[4], m[5], m[6])
-            self.routing[rid] = asyncio.get_running_loop().create_task(self._route(rid, inp))
+            self.routing[rid] = asyncio.get_running_loop().create_task(self._route(rid, inp, m[7]))
         elif kind == "h":
             rid = m[1]
             handle = self.handles.get(rid)
@@ -92,11 +94,7 @@ class _Front:
             log.error("worker_message_unknown kind=%r", kind)
 
     def _finish(self, rid: int, handle: RequestHandle, outcome: Outcome) -> Mapping[str, Mapping[str, object]]:
-        metadata = self.hub.director.finish(handle, outcome)
-        trace = self.traces.pop(rid, None)
-        if trace is not None:
-            trace.end(outcome.status or handle.status)
-        return metadata
+        return self.hub.director.finish(handle, outcome)
 
     def _reader(self, reader: Any) -> Any:
         """The response reader travels pickled; one that cannot be pickled is not read (logged once)."""
@@ -113,41 +111,34 @@ class _Front:
             return None
         return reader
 
-    async def _route(self, rid: int, inp: RequestInput) -> None:
+    async def _route(self, rid: int, inp: RequestInput, relay: tuple[bool, dict[str, str]] | None) -> None:
         director = self.hub.director
         trace = None
-        if director.tracer.enabled:  # the request's span runs from routing to the end of the response here
-            trace = director.tracer.start_request(inp.request_id, inp.headers)
+        if relay is not None and director.tracer.enabled:  # the front's span; the phases are timed here
+            trace = RelayedTrace(*relay)
             CURRENT_TRACE.set(trace)  # this task's own context
         try:
             decision = await director.route(inp)
         except asyncio.CancelledError:
             self.routing.pop(rid, None)
-            if trace is not None:
-                trace.end(0, "cancelled")
             raise
         except EppError as e:
             self.routing.pop(rid, None)
             reason = e.reason if isinstance(e, RequestDropped) else ""
             self.conn.send(("x", rid, e.code.value, e.message, reason))
-            if trace is not None:
-                trace.end(e.code.http_status)
             return
         except Exception as e:
             self.routing.pop(rid, None)
             log.exception("route_failed request_id=%s", inp.request_id)
             self.conn.send(("x", rid, ErrorCode.INTERNAL.value, f"internal error: {e}", ""))
-            if trace is not None:
-                trace.end(500, str(e))
             return
         self.routing.pop(rid, None)
-        if trace is not None:
-            self.traces[rid] = trace
         if self.conn.closed:  # the front went away while this request waited
             self._finish(rid, decision.handle, Outcome(complete=False))
             return
         self.handles[rid] = decision.handle
-        self.conn.send(("d", rid, *decision_fields(decision, self.hub.with_scores)))
+        phases = trace.phases if trace is not None and trace.recording else None
+        self.conn.send(("d", rid, *decision_fields(decision, self.hub.with_scores), phases))
 
     def on_lost(self) -> None:
         """The front is gone: its queued routes are cancelled and its routed requests end incomplete, so
@@ -159,6 +150,40 @@ class _Front:
             self._finish(rid, handle, Outcome(complete=False))
         self.handles.clear()
         self.hub.front_lost(self)
+
+
+class RelayedTrace:
+    """The serving process's stand-in for a front's request trace: the trace context the front sent goes into
+    the upstream headers, and the phases (the Director's and each plugin call's) are kept as tuples for the
+    front, which makes them spans of its request span. Sampled-out requests (`recording` False) keep nothing."""
+
+    __slots__ = ("_context", "phases", "recording")
+
+    def __init__(self, recording: bool, context: dict[str, str]) -> None:
+        self.recording = recording
+        self._context = context
+        self.phases: list[tuple[str, int, int, dict[str, AttributeValue] | None]] = []
+
+    def phase(
+        self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> None:
+        if self.recording:
+            self.phases.append((name, start_ns, end_ns, dict(attributes) if attributes else None))
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        if self.recording:  # a zero-length phase: the front's span gets it as a child at this time
+            now = time.time_ns()
+            self.phases.append((f"event.{name}", now, now, dict(attributes) if attributes else None))
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if self.recording:
+            self.phases.append(("", 0, 0, dict(attributes)))  # no name: the front sets them on its span
+
+    def inject(self, headers: dict[str, str]) -> None:
+        headers.update(self._context)
+
+    def end(self, status: int = 0, error: str = "") -> None:
+        pass  # the front ends its own span
 
 
 def decision_fields(d: RoutingDecision, with_scores: bool) -> tuple[Any, ...]:

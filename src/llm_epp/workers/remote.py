@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from llm_epp.extproc.servicer import FDS, ExtProcServicer
 from llm_epp.framework import Endpoint, EndpointKey, EppError, ErrorCode, InferenceRequest
-from llm_epp.framework.tracing import NULL_TRACER
+from llm_epp.framework.tracing import CURRENT_TRACE, NULL_TRACER, RequestTrace, Tracer
 from llm_epp.framework.types import ApiKind, EndpointMetadata, ProfileResult, RequestBody, SchedulingResult
 from llm_epp.observability import HealthState
 from llm_epp.requestcontrol.decision import (
@@ -59,11 +59,11 @@ class RemoteDirector:
     """Forwards Director calls over `conn` and matches the answers to the waiting calls by id. `health`
     mirrors the serving process's health state (pushed as `H` messages)."""
 
-    def __init__(self, health: HealthState) -> None:
+    def __init__(self, health: HealthState, tracer: Tracer = NULL_TRACER) -> None:
         self.conn = FrameConnection(self._on_message, self._on_lost)
         self.health = health
         self.recorder = _ForwardingRecorder(self)
-        self.tracer = NULL_TRACER
+        self.tracer = tracer  # this front's: the request's span is made and exported here
         self.lost = asyncio.Event()
         self.on_stop: Callable[[float | None], None] | None = None  # the serving process says stop
         self._ids = itertools.count(1)
@@ -75,8 +75,14 @@ class RemoteDirector:
             raise ValueError("dry_run is not offered by worker processes")
         rid = next(self._ids)
         body = inp.body
+        trace = CURRENT_TRACE.get() if self.tracer.enabled else None
+        relay: tuple[bool, dict[str, str]] | None = None
+        if trace is not None:  # the serving process passes this context on and times the phases for this span
+            context: dict[str, str] = {}
+            trace.inject(context)
+            relay = (getattr(trace, "recording", True), context)
         answer = await self._call(
-            ("r", rid, inp.request_id, dict(inp.headers), body, inp.subset, inp.request_id_generated),
+            ("r", rid, inp.request_id, dict(inp.headers), body, inp.subset, inp.request_id_generated, relay),
             rid,
             cancel=True,
         )
@@ -86,7 +92,9 @@ class RemoteDirector:
             if reason:
                 raise RequestDropped(err_code, message, reason)
             raise EppError(err_code, message)
-        _, _, destination, body_out, upstream, incoming, target, ep, scheduled, scores = answer
+        _, _, destination, body_out, upstream, incoming, target, ep, scheduled, scores, phases = answer
+        if phases and trace is not None:
+            _replay(trace, phases)
         endpoint = _endpoint(ep)
         request = InferenceRequest(inp.request_id, incoming, target, _NO_BODY, headers=inp.headers)
         handle = RemoteHandle(inp.request_id, 0.0, request=request, endpoint=endpoint, scheduled=scheduled, rid=rid)
@@ -182,6 +190,15 @@ class RemoteDirector:
         self.lost.set()
 
 
+def _replay(trace: RequestTrace, phases: list[tuple[str, int, int, Any]]) -> None:
+    """The phases the serving process timed (see `hub.RelayedTrace`), onto the front's request trace."""
+    for name, start_ns, end_ns, attributes in phases:
+        if name:
+            trace.phase(name, start_ns, end_ns, attributes)
+        elif attributes:
+            trace.set_attributes(attributes)
+
+
 def _finish_message(rid: int, outcome: Outcome, reply: bool) -> tuple[Any, ...]:
     return ("f", rid, outcome.complete, outcome.status, outcome.usage, outcome.response_bytes, reply)
 
@@ -199,7 +216,7 @@ class WorkerServicer(ExtProcServicer):
 
     def __init__(self, remote: RemoteDirector, *, finish_metadata: bool, response_hooks: bool, **kwargs: Any) -> None:
         # RemoteDirector offers what the servicer calls of a Director: route, finish, recorder, tracer.
-        super().__init__(cast(Director, remote), tracer=NULL_TRACER, **kwargs)
+        super().__init__(cast(Director, remote), tracer=remote.tracer, **kwargs)
         self.remote = remote
         self.finish_metadata = finish_metadata
         self.response_hooks = response_hooks
