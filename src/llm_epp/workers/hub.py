@@ -11,15 +11,14 @@ Messages from a front (first item):
 - `c` (rid): the stream ended before its route was answered (cancel it, or end it if it was routed).
 - `e` (model, target, code): an error the front answered itself (413, 503 on held bytes), for metrics.
 - `p` (index, port): the front listens on `port`.
-Answers: `d` (rid, decision fields, phases or None), `x` (rid, code, message, dropped reason), `h` (rid,
-headers, reader), `f` (rid, metadata); pushed: `H` (health fields) whenever they change."""
+Answers: `d` (rid, decision fields, what the trace recorded or None), `x` (rid, code, message, dropped
+reason), `h` (rid, headers, reader), `f` (rid, metadata); pushed: `H` (health fields) whenever they change."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import pickle
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -137,8 +136,8 @@ class _Front:
             self._finish(rid, decision.handle, Outcome(complete=False))
             return
         self.handles[rid] = decision.handle
-        phases = trace.phases if trace is not None and trace.recording else None
-        self.conn.send(("d", rid, *decision_fields(decision, self.hub.with_scores), phases))
+        recorded = trace.relayed() if trace is not None else None
+        self.conn.send(("d", rid, *decision_fields(decision, self.hub.with_scores), recorded))
 
     def on_lost(self) -> None:
         """The front is gone: its queued routes are cancelled and its routed requests end incomplete, so
@@ -154,36 +153,44 @@ class _Front:
 
 class RelayedTrace:
     """The serving process's stand-in for a front's request trace: the trace context the front sent goes into
-    the upstream headers, and the phases (the Director's and each plugin call's) are kept as tuples for the
-    front, which makes them spans of its request span. Sampled-out requests (`recording` False) keep nothing."""
+    the upstream headers; what the Director and the plugins record (phases, events, attributes) is kept for the
+    front, which puts it on its request span (`relayed()`). Sampled-out requests (`recording` False) keep
+    nothing."""
 
-    __slots__ = ("_context", "phases", "recording")
+    __slots__ = ("_attributes", "_context", "_events", "_phases", "recording")
 
     def __init__(self, recording: bool, context: dict[str, str]) -> None:
         self.recording = recording
         self._context = context
-        self.phases: list[tuple[str, int, int, dict[str, AttributeValue] | None]] = []
+        self._phases: list[tuple[str, int, int, dict[str, AttributeValue] | None]] = []
+        self._events: list[tuple[str, dict[str, AttributeValue] | None]] = []
+        self._attributes: dict[str, AttributeValue] = {}
 
     def phase(
         self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, AttributeValue] | None = None
     ) -> None:
         if self.recording:
-            self.phases.append((name, start_ns, end_ns, dict(attributes) if attributes else None))
+            self._phases.append((name, start_ns, end_ns, dict(attributes) if attributes else None))
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
-        if self.recording:  # a zero-length phase: the front's span gets it as a child at this time
-            now = time.time_ns()
-            self.phases.append((f"event.{name}", now, now, dict(attributes) if attributes else None))
+        if self.recording:
+            self._events.append((name, dict(attributes) if attributes else None))
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if self.recording:
-            self.phases.append(("", 0, 0, dict(attributes)))  # no name: the front sets them on its span
+            self._attributes.update(attributes)
 
     def inject(self, headers: dict[str, str]) -> None:
         headers.update(self._context)
 
     def end(self, status: int = 0, error: str = "") -> None:
         pass  # the front ends its own span
+
+    def relayed(self) -> tuple[list[Any], list[Any], dict[str, AttributeValue]] | None:
+        """What goes back to the front with the decision: (phases, events, attributes), or None."""
+        if not self.recording or not (self._phases or self._events or self._attributes):
+            return None
+        return self._phases, self._events, self._attributes
 
 
 def decision_fields(d: RoutingDecision, with_scores: bool) -> tuple[Any, ...]:

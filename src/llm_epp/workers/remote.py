@@ -92,9 +92,9 @@ class RemoteDirector:
             if reason:
                 raise RequestDropped(err_code, message, reason)
             raise EppError(err_code, message)
-        _, _, destination, body_out, upstream, incoming, target, ep, scheduled, scores, phases = answer
-        if phases and trace is not None:
-            _replay(trace, phases)
+        _, _, destination, body_out, upstream, incoming, target, ep, scheduled, scores, recorded = answer
+        if recorded is not None and trace is not None:
+            _replay(trace, *recorded)
         endpoint = _endpoint(ep)
         request = InferenceRequest(inp.request_id, incoming, target, _NO_BODY, headers=inp.headers)
         handle = RemoteHandle(inp.request_id, 0.0, request=request, endpoint=endpoint, scheduled=scheduled, rid=rid)
@@ -190,13 +190,19 @@ class RemoteDirector:
         self.lost.set()
 
 
-def _replay(trace: RequestTrace, phases: list[tuple[str, int, int, Any]]) -> None:
-    """The phases the serving process timed (see `hub.RelayedTrace`), onto the front's request trace."""
-    for name, start_ns, end_ns, attributes in phases:
-        if name:
-            trace.phase(name, start_ns, end_ns, attributes)
-        elif attributes:
-            trace.set_attributes(attributes)
+def _replay(
+    trace: RequestTrace,
+    phases: list[tuple[str, int, int, Any]],
+    events: list[tuple[str, Any]],
+    attributes: dict[str, Any],
+) -> None:
+    """What the serving process recorded for this request (`hub.RelayedTrace.relayed`), onto the front's trace."""
+    for name, start_ns, end_ns, attrs in phases:
+        trace.phase(name, start_ns, end_ns, attrs)
+    for name, attrs in events:
+        trace.event(name, attrs)
+    if attributes:
+        trace.set_attributes(attributes)
 
 
 def _finish_message(rid: int, outcome: Outcome, reply: bool) -> tuple[Any, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,8 +20,8 @@ from llm_epp.framework.tracing import CURRENT_TRACE
 from llm_epp.observability import HealthState
 from llm_epp.observability.tracing import build_tracer, with_plugin_spans
 from llm_epp.requestcontrol.decision import Outcome, RequestInput, RoutingDecision
-from llm_epp.workers.hub import Hub
-from llm_epp.workers.remote import RemoteDirector
+from llm_epp.workers.hub import Hub, RelayedTrace
+from llm_epp.workers.remote import RemoteDirector, _replay
 
 TOKEN = b"t" * 32
 BODY = json.dumps({"model": "m", "prompt": "Say hello.", "max_tokens": 4}).encode()
@@ -81,3 +82,33 @@ async def test_a_sampled_out_request_makes_no_span_but_carries_the_fronts_contex
     assert serving_spans.get_finished_spans() == () and front_spans.get_finished_spans() == ()
     _, trace_id, span_id, flags = decision.upstream_headers["traceparent"].split("-")
     assert len(trace_id) == 32 and len(span_id) == 16 and int(flags, 16) & 1 == 0
+
+
+def test_events_and_attributes_recorded_in_the_serving_process_reach_the_fronts_span() -> None:
+    """A plugin may add events and attributes to the current trace: they cross the process boundary (pickled,
+    as the frames are) and land on the front's request span; a sampled-out request sends nothing back."""
+    exported = InMemorySpanExporter()
+    front_tracer = build_tracer(True, {"OTEL_TRACES_SAMPLER_ARG": "1"}, processors=(SimpleSpanProcessor(exported),))
+    trace = front_tracer.start_request("req-1", {})
+    relayed = RelayedTrace(True, {})
+    relayed.phase("schedule", 1_000, 2_000, {"profile": "default"})
+    relayed.event("cache.hit", {"blocks": 3})
+    relayed.set_attributes({"pool": "a"})
+    recorded = pickle.loads(pickle.dumps(relayed.relayed()))
+    _replay(trace, *recorded)
+    trace.end(200)
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    request = spans["gateway.request"]
+    assert (spans["schedule"].start_time, spans["schedule"].end_time) == (1_000, 2_000)
+    assert spans["schedule"].parent.span_id == request.context.span_id
+    assert [(e.name, dict(e.attributes or {})) for e in request.events] == [("cache.hit", {"blocks": 3})]
+    assert dict(request.attributes or {})["pool"] == "a"
+
+    unsampled = RelayedTrace(False, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-00"})
+    unsampled.phase("schedule", 1, 2)
+    unsampled.event("x")
+    unsampled.set_attributes({"pool": "a"})
+    assert unsampled.relayed() is None
+    headers: dict[str, str] = {}
+    unsampled.inject(headers)
+    assert headers == {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-00"}
