@@ -182,31 +182,40 @@ def run_setup(row: Row, epp: EppProcess, ports: list[int], pids: list[int], stre
         row.ms.append([u * 1000 / load.done for u in used])
 
 
+def serve_args(workers: int, addrs: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """`llm-epp serve` for one setup: plaintext, any free ports, `--workers` above one, then `extra` (which may
+    override any of these, e.g. `--tracing=true`: `EppProcess` turns tracing off unless it is named)."""
+    workers_args = ["--workers", str(workers)] if workers > 1 else []
+    return [
+        "--endpoints", ",".join(addrs), "--secure-serving=false", "-v", "1", "--grpc-port", "0",
+        *workers_args, *extra,
+    ]  # fmt: skip
+
+
 def start_epps(
     counts: Sequence[int], addrs: list[str], workdir: Path, stream_file: Path, extra: Sequence[str] = ()
 ) -> dict[int, Started]:
     """One EPP per worker count (`extra`: more `llm-epp serve` arguments), each port warmed by one stream (the
     first waits 10 s; all wait together)."""
+    epps: list[EppProcess] = []
     started: dict[int, Started] = {}
     try:
         for workers in counts:
             epp = EppProcess(
-                "--endpoints", ",".join(addrs), "--secure-serving=false", "-v", "1", "--grpc-port", "0",
-                *(["--workers", str(workers)] if workers > 1 else []), *extra,
-                log_path=workdir / f"epp-{workers}.log", startup_timeout=120,
-            )  # fmt: skip
-            started[workers] = Started(epp, [], [])
+                *serve_args(workers, addrs, extra), log_path=workdir / f"epp-{workers}.log", startup_timeout=120
+            )
+            epps.append(epp)
             epp.start()
             info: dict[str, Any] = dict(epp.ports)
-            started[workers].ports[:] = info.get("grpc_workers") or [epp.grpc_port]
-            started[workers].pids[:] = [epp.pid, *(info.get("worker_pids") or [])]
+            ports: list[int] = info.get("grpc_workers") or [epp.grpc_port]
+            started[workers] = Started(epp, ports, [epp.pid, *(info.get("worker_pids") or [])])
         ports = [p for s in started.values() for p in s.ports]
         load = drive(ports, stream_file, ALL, duration=0, streams=1)
         if load.done != len(ports):
             raise RuntimeError(f"{len(ports) - load.done} of {len(ports)} warm-up streams were not answered")
     except BaseException:
-        for s in started.values():
-            s.epp.stop()
+        for epp in epps:
+            epp.stop()
         raise
     return started
 

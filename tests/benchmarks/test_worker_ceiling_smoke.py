@@ -14,7 +14,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from benchmarks.overhead import direct_response_backends
-from benchmarks.worker_ceiling import PATH, parse_h2load, projection, request_stream
+from benchmarks.worker_ceiling import PATH, parse_h2load, projection, request_stream, serve_args
 from llm_epp.gateway.envoy_process import EnvoyProcess
 from llm_epp.gateway.epp_process import EppProcess
 from tests.support.benchmark import run_benchmark
@@ -109,6 +109,14 @@ def test_the_projection_is_bound_by_the_fronts_then_by_the_serving_process() -> 
     assert rows[0] == "| 1 | 2 | 12,500 | 1.50x | the fronts |"
     assert rows[1] == "| 2 | 3 | 16,667 | 2.00x | the serving process |"
     assert rows[3] == "| 4 | 5 | 16,667 | 2.00x | the serving process |"
+
+
+def test_each_setup_serves_with_its_worker_count_and_the_extra_arguments_last() -> None:
+    single = serve_args(1, ["127.0.0.1:1", "127.0.0.1:2"], ["--tracing=true"])
+    assert "--workers" not in single and single[single.index("--endpoints") + 1] == "127.0.0.1:1,127.0.0.1:2"
+    assert single[-1] == "--tracing=true"  # after the defaults, so it can override them
+    two = serve_args(2, ["127.0.0.1:1"])
+    assert two[two.index("--workers") + 1] == "2" and "--secure-serving=false" in two
 
 
 @pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load is not installed (apt-get install nghttp2-client)")
